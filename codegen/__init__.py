@@ -1,0 +1,4 @@
+"""tcdsl.codegen: loop IR -> C / CUDA / OpenCL source, and the toolchains that build it.
+
+Installed as ``tcdsl.codegen`` from the top-level ``codegen/`` folder.
+"""

@@ -1,0 +1,4 @@
+"""tcdsl.polyhedral: the polyhedral stages (checked def -> Scop -> schedule tree -> loop IR).
+
+Installed as ``tcdsl.polyhedral`` from the top-level ``polyhedral/`` folder.
+"""
