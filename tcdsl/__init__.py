@@ -1,0 +1,14 @@
+"""tcdsl: tensor comprehensions compiled through a polyhedral model.
+
+``tc.define(source)`` turns TC text into kernels callable on arrays; see the README.
+"""
+
+from .api import GenericKernel, Kernel, Library, define
+from .errors import (TcArgumentError, TcCompileError, TcError, TcRangeError, TcRuntimeError, TcScheduleError,
+                     TcSemanticError, TcSyntaxError, TcTypeError)
+
+__version__ = "0.1.0"
+
+__all__ = ["define", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError", "TcSemanticError",
+           "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
+           "TcCompileError", "__version__"]

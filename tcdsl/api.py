@@ -1,0 +1,252 @@
+"""The Python API: ``tc.define`` and kernels (text -> checked defs -> calls on arrays).
+
+A kernel checks its def once, then per call binds the arguments (arity, rank, dtype, sizes),
+takes the instance for those shapes from its cache, runs it on the chosen backend and returns
+one array or a tuple in declaration order (or fills ``out=``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import ast as A
+from . import dtypes as T
+from . import interp
+from .checked import CheckedDef
+from .errors import TcArgumentError, TcError
+from .grammar import is_short_form, parse, parse_statements
+from .instance import Instance, bind_sizes, instantiate
+from .sema import check_def
+
+BACKENDS = ("numpy",)
+
+
+class Kernel:
+    """One TC def, callable on arrays; compiled (here: bound) per shape signature and cached."""
+
+    def __init__(self, checked: CheckedDef, backend: str | None = None) -> None:
+        self.checked = checked
+        self.name = checked.name
+        self.backend = _check_backend(backend) if backend else None
+        self._cache: dict[tuple, Instance] = {}
+        self._lock = threading.Lock()
+        self.__doc__ = str(checked)
+
+    def __repr__(self) -> str:
+        return f"<tcdsl kernel {self.name}({', '.join(t.name for t in self.checked.inputs)})>"
+
+    def __str__(self) -> str:
+        return str(self.checked)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(str(self.checked))}</pre>"
+
+    def instance(self, *args: Any) -> Instance:
+        """The bound instance (concrete sizes, ranges, shapes) for these arguments."""
+        arrays = _coerce_inputs(self.checked, args)
+        return self._instance(arrays)
+
+    def _instance(self, arrays: list[np.ndarray]) -> Instance:
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        inst = self._cache.get(key)
+        if inst is None:
+            sizes = bind_sizes(self.checked, [a.shape for a in arrays])
+            inst = instantiate(self.checked, sizes)
+            with self._lock:
+                self._cache[key] = inst
+        return inst
+
+    def __call__(self, *args: Any, out: Any = None, backend: str | None = None) -> Any:
+        be = _check_backend(backend or self.backend or "numpy")
+        arrays = _coerce_inputs(self.checked, args)
+        inst = self._instance(arrays)
+        outs = _check_out(self.checked, inst, out)
+        results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)})
+        del be
+        values = [results[t.name] for t in self.checked.outputs]
+        if outs is not None:
+            for dst, v in zip(outs, values):
+                np.copyto(dst, v)
+            values = list(outs)
+        return values[0] if len(values) == 1 else tuple(values)
+
+
+class ShortForm:
+    """The decorator form: statements only; params from the function, types and sizes per call."""
+
+    def __init__(self, source: str, filename: str, outputs: Sequence[str] | None, backend: str | None) -> None:
+        self.stmts = parse_statements(source, filename)
+        self.source = source
+        self.outputs = tuple(outputs) if outputs else None
+        self.backend = backend
+
+    def __call__(self, fn: Callable[..., Any]) -> GenericKernel:
+        if not callable(fn):
+            raise TypeError("the short form of tc.define decorates a function whose parameters name the inputs")
+        params = [p.name for p in inspect.signature(fn).parameters.values()]
+        return GenericKernel(fn.__name__, params, self.stmts, self.outputs, self.backend, fn.__doc__)
+
+
+class GenericKernel:
+    """A short-form kernel: a def is made per argument signature (dtypes, ranks, equal sizes)."""
+
+    def __init__(self, name: str, params: list[str], stmts: tuple[A.Stmt, ...], outputs: tuple[str, ...] | None,
+                 backend: str | None, doc: str | None) -> None:
+        self.name = name
+        self.params = params
+        self.stmts = stmts
+        written = list(dict.fromkeys(s.lhs.name for s in stmts))
+        self.outputs = outputs or tuple(w for w in written if w not in params)
+        self.backend = backend
+        self._kernels: dict[tuple, Kernel] = {}
+        self.__doc__ = doc
+        self.__name__ = name
+        if not stmts:
+            raise TcArgumentError(f"short-form def '{name}' has no statements")
+
+    def __repr__(self) -> str:
+        return f"<tcdsl kernel {self.name}({', '.join(self.params)}), short form>"
+
+    def kernel(self, *args: Any) -> Kernel:
+        """The def-form kernel made for these arguments' dtypes, ranks and size equalities."""
+        if len(args) != len(self.params):
+            raise TcArgumentError(f"{self.name}() takes {len(self.params)} arguments ({', '.join(self.params)}), "
+                                  f"got {len(args)}")
+        arrays = [_as_array(a, p) for a, p in zip(args, self.params)]
+        sig = tuple((a.dtype.newbyteorder("=").str, a.shape) for a in arrays)
+        pattern = _size_pattern(arrays)
+        key = tuple((d, len(s)) for d, s in sig), pattern
+        k = self._kernels.get(key)
+        if k is None:
+            k = Kernel(check_def(self._make_def(arrays)), self.backend)
+            self._kernels[key] = k
+        return k
+
+    def _make_def(self, arrays: list[np.ndarray]) -> A.Def:
+        names: dict[int, str] = {}
+        params = []
+        for p, a in zip(self.params, arrays):
+            t = T.from_numpy(a.dtype)
+            if t is None:
+                raise TcArgumentError(f"argument '{p}' has dtype {a.dtype}, which TC has no type for")
+            dims = []
+            for d, n in enumerate(a.shape):
+                sym = names.setdefault(n, f"{p}_{d}")
+                dims.append(A.Dim(name=sym))
+            params.append(A.Param(t, A.Ident(p), tuple(dims) if a.ndim else None))
+        outputs = tuple(A.Output(A.Ident(o)) for o in self.outputs)
+        span = self.stmts[0].span
+        return A.Def(A.Ident(self.name, span), tuple(params), outputs, self.stmts, span)
+
+    def __call__(self, *args: Any, out: Any = None, backend: str | None = None) -> Any:
+        return self.kernel(*args)(*args, out=out, backend=backend or self.backend)
+
+
+def _size_pattern(arrays: list[np.ndarray]) -> tuple:
+    first: dict[int, int] = {}
+    flat = [n for a in arrays for n in a.shape]
+    return tuple(first.setdefault(n, i) for i, n in enumerate(flat))
+
+
+class Library(SimpleNamespace):
+    """The kernels of a multi-def source, by def name (attributes, ``lib["name"]``, iteration)."""
+
+    def __getitem__(self, name: str) -> Kernel:
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(vars(self).values())
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+
+def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | None = None,
+           backend: str | None = None) -> Any:
+    """Compile TC text. One def -> a ``Kernel``; several -> a ``Library``; statements without a
+    ``def`` header -> a decorator that takes the input names from the decorated function."""
+    if not isinstance(source, str):
+        raise TypeError("tc.define takes TC source text")
+    if is_short_form(source):
+        return ShortForm(source, filename, outputs, backend)
+    module = parse(source, filename)
+    if not module.defs:
+        raise TcArgumentError("the source holds no def")
+    kernels = [Kernel(check_def(d), backend) for d in module.defs]
+    if len(kernels) == 1:
+        return kernels[0]
+    return Library(**{k.name: k for k in kernels})
+
+
+# ---- argument handling ---------------------------------------------------------------------------
+
+
+def _check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise TcArgumentError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    return name
+
+
+def _as_array(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        a = x
+    elif isinstance(x, (bool, int, float, np.generic)):
+        a = np.asarray(x)
+    elif hasattr(x, "__array__"):
+        a = np.asarray(x)
+    else:
+        raise TcArgumentError(f"argument '{what}' is a {type(x).__name__}, not an array")
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    return a
+
+
+def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]:
+    ins = checked.inputs
+    if len(args) != len(ins):
+        raise TcArgumentError(f"{checked.name}() takes {len(ins)} arguments ({', '.join(t.name for t in ins)}), "
+                              f"got {len(args)}", checked.source.name.span.location())
+    out = []
+    for t, x in zip(ins, args):
+        if not t.dims and isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+            kind_ok = T.is_float(t.dtype) or isinstance(x, (bool, int))
+            if not kind_ok:
+                raise TcArgumentError(f"'{t.name}' is {t.dtype} but the argument is the float {x!r}",
+                                      t.span.location())
+            out.append(np.asarray(x, dtype=t.dtype))
+            continue
+        a = _as_array(x, t.name)
+        got = T.from_numpy(a.dtype)
+        if got != t.dtype:
+            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}",
+                                  t.span.location())
+        out.append(a)
+    return out
+
+
+def _check_out(checked: CheckedDef, inst: Instance, out: Any) -> list[np.ndarray] | None:
+    if out is None:
+        return None
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(checked.outputs):
+        raise TcArgumentError(f"out= holds {len(outs)} arrays but {checked.name} has {len(checked.outputs)} outputs")
+    for t, dst in zip(checked.outputs, outs):
+        if not isinstance(dst, np.ndarray):
+            raise TcArgumentError(f"out= for '{t.name}' is a {type(dst).__name__}, not a numpy array")
+        want = inst.shapes[t.name]
+        if dst.shape != want or T.from_numpy(dst.dtype) != t.dtype:
+            raise TcArgumentError(f"out= for '{t.name}' must be {t.dtype} with shape {want}, got {dst.dtype} "
+                                  f"with shape {dst.shape}")
+        if not dst.flags.writeable:
+            raise TcArgumentError(f"out= for '{t.name}' is read-only")
+    return outs
+
+
+__all__ = ["define", "Kernel", "GenericKernel", "Library", "TcError"]

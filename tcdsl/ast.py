@@ -1,0 +1,195 @@
+"""AST: the parser's output (``str -> Module``), frozen dataclasses that each carry a source span.
+
+Spans never take part in equality, so ``parse(print(m)) == m`` compares structure only.
+Call-like nodes (``f(x)``) stay unresolved here: semantic analysis decides between tensor read,
+builtin call and cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import Location, SourceFile, locate
+
+
+@dataclass(frozen=True)
+class Span:
+    src: SourceFile = field(repr=False)
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def location(self) -> Location:
+        return locate(self.src, self.line, self.col, self.end_line, self.end_col)
+
+
+NOSPAN = Span(SourceFile("<generated>", ""), 0, 0, 0, 0)
+
+
+def _span() -> Span:
+    return field(default=NOSPAN, compare=False, repr=False)  # type: ignore[return-value]
+
+
+# ---- expressions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expr:
+    pass
+
+
+@dataclass(frozen=True)
+class Num(Expr):
+    value: int | float
+    is_float: bool
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Name(Expr):
+    """A bare name: an index, a size symbol, a let, or a rank-0 tensor."""
+
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Apply(Expr):
+    """``f(args)``: a tensor read or a builtin call, decided by semantic analysis."""
+
+    name: str
+    args: tuple[Expr, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    """``float(x)``, ``int32(x)``: a conversion written with a type keyword."""
+
+    type: str
+    arg: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: str  # "-", "!", "+"
+    arg: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: str  # + - * / % == != < <= > >= && ||
+    lhs: Expr
+    rhs: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Ternary(Expr):
+    cond: Expr
+    then: Expr
+    other: Expr
+    span: Span = _span()
+
+
+# ---- statements ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ident:
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class WhereRange:
+    index: Ident
+    lo: Expr
+    hi: Expr
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class WhereExists:
+    access: Apply
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class WhereLet:
+    name: Ident
+    value: Expr
+    span: Span = _span()
+
+
+Where = WhereRange | WhereExists | WhereLet
+
+REDUCTION_OPS = ("+=", "*=", "min=", "max=")
+ASSIGN_OPS = ("=",) + REDUCTION_OPS + tuple(op + "!" for op in REDUCTION_OPS)
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """``lhs(indices) op rhs where ...``; ``indices`` is None for a bare rank-0 LHS."""
+
+    lhs: Ident
+    indices: tuple[Ident, ...] | None
+    op: str
+    rhs: Expr
+    wheres: tuple[Where, ...] = ()
+    span: Span = _span()
+
+    @property
+    def reduction(self) -> str | None:
+        """The reduction operator without ``=``/``!`` (``+``, ``*``, ``min``, ``max``) or None."""
+        return None if self.op == "=" else self.op.rstrip("!")[:-1]
+
+    @property
+    def init(self) -> bool:
+        return self.op.endswith("!")
+
+
+# ---- definitions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A declared dimension: a size symbol (``name``) or an integer literal (``value``)."""
+
+    name: str | None = None
+    value: int | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Param:
+    type: str
+    name: Ident
+    dims: tuple[Dim, ...] | None  # None: a rank-0 ``type NAME`` parameter
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Output:
+    name: Ident
+    type: str | None = None  # None: type and shape inferred
+    dims: tuple[Dim, ...] | None = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Def:
+    name: Ident
+    params: tuple[Param, ...]
+    outputs: tuple[Output, ...]
+    stmts: tuple[Stmt, ...]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Module:
+    defs: tuple[Def, ...]
+    src: SourceFile = field(default=NOSPAN.src, compare=False, repr=False)

@@ -1,0 +1,210 @@
+"""Checked def: the output of semantic analysis and range inference (``Def -> CheckedDef``).
+
+Expressions are typed (``TExpr``, every implicit conversion explicit as ``Convert``), subscripts
+are quasi-affine ``Sym``s or typed gather expressions, and every statement carries the symbolic
+range of each index and the accesses that bound its domain. ``str(checked)`` is the text that
+``tcdsl check`` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from . import ast as A
+from .affine import Sym
+
+
+@dataclass(frozen=True)
+class TExpr:
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Const(TExpr):
+    value: int | float | bool
+
+
+@dataclass(frozen=True)
+class IndexVal(TExpr):
+    name: str
+
+
+@dataclass(frozen=True)
+class SizeVal(TExpr):
+    name: str
+
+
+Subscript = Union[Sym, TExpr]  # a quasi-affine subscript, or a data-dependent (gather) one
+
+
+@dataclass(frozen=True)
+class Read(TExpr):
+    tensor: str
+    subs: tuple[Subscript, ...]
+    span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Unop(TExpr):
+    op: str  # "-" or "!"
+    arg: TExpr
+
+
+@dataclass(frozen=True)
+class Binop(TExpr):
+    """Arithmetic (operands already of ``dtype``), comparison (operands of one type, result
+    bool) or logical ``&&``/``||`` (bool operands)."""
+
+    op: str
+    lhs: TExpr
+    rhs: TExpr
+    span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Select(TExpr):
+    cond: TExpr
+    then: TExpr
+    other: TExpr
+
+
+@dataclass(frozen=True)
+class Call(TExpr):
+    fn: str
+    args: tuple[TExpr, ...]
+
+
+@dataclass(frozen=True)
+class Convert(TExpr):
+    arg: TExpr
+
+
+def convert(e: TExpr, dtype: str) -> TExpr:
+    """``e`` as ``dtype``: constants are folded, no-op conversions dropped."""
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, Const):
+        v = e.value
+        if dtype == "bool":
+            return Const(dtype, bool(v))
+        if dtype.startswith("float"):
+            return Const(dtype, float(v))
+        if isinstance(v, float):
+            return Convert(dtype, e)
+        return Const(dtype, int(v))
+    return Convert(dtype, e)
+
+
+def reads(e: TExpr) -> list[Read]:
+    """Every tensor read in ``e``, gathers' inner reads included, in evaluation order."""
+    out: list[Read] = []
+
+    def walk(x: TExpr) -> None:
+        if isinstance(x, Read):
+            for s in x.subs:
+                if isinstance(s, TExpr):
+                    walk(s)
+            out.append(x)
+        elif isinstance(x, (Unop, Convert)):
+            walk(x.arg)
+        elif isinstance(x, Binop):
+            walk(x.lhs)
+            walk(x.rhs)
+        elif isinstance(x, Select):
+            walk(x.cond)
+            walk(x.then)
+            walk(x.other)
+        elif isinstance(x, Call):
+            for a in x.args:
+                walk(a)
+
+    walk(e)
+    return out
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str
+    dims: tuple[Sym, ...]
+    role: str  # "input", "output" or "temp"
+    span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
+
+    def decl(self) -> str:
+        dims = "(" + ", ".join(str(d) for d in self.dims) + ")" if self.dims else ""
+        return f"{self.dtype}{dims} {self.name}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """An affine access used for inference and domain bounds; ``None`` marks a gather dim."""
+
+    tensor: str
+    subs: tuple[Sym | None, ...]
+    kind: str  # "read", "exists" or "write"
+    span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    name: str
+    lo: Sym
+    hi: Sym  # exclusive
+    given: bool  # fixed by a `where` clause
+
+    def __str__(self) -> str:
+        return f"{self.name} in {self.lo}:{self.hi}"
+
+
+@dataclass(frozen=True)
+class Statement:
+    number: int  # 1-based position in the def
+    tensor: str
+    lhs: tuple[str, ...]
+    reductions: tuple[str, ...]
+    op: str  # "=", "+", "*", "min" or "max"
+    init: bool
+    rhs: TExpr
+    ranges: tuple[IndexRange, ...]  # lhs indices first, then reduction indices
+    accesses: tuple[Access, ...]  # reads and exists: the statement runs where all are in bounds
+    source: A.Stmt = field(compare=False, repr=False)
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.ranges)
+
+    def range(self, name: str) -> IndexRange:
+        return next(r for r in self.ranges if r.name == name)
+
+    @property
+    def span(self) -> A.Span:
+        return self.source.span
+
+    def describe(self) -> str:
+        return f"statement {self.number} (line {self.span.line}) of {self.tensor}"
+
+
+@dataclass(frozen=True)
+class CheckedDef:
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    temps: tuple[Tensor, ...]
+    sizes: tuple[str, ...]  # size symbols, in order of first appearance in the params
+    stmts: tuple[Statement, ...]
+    source: A.Def = field(compare=False, repr=False)
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        return {t.name: t for t in (*self.inputs, *self.outputs, *self.temps)}
+
+    def __str__(self) -> str:
+        from .printer import definition
+
+        lines = [definition(self.source)]
+        for s in self.stmts:
+            lines.append(f"# statement {s.number} (line {s.span.line}): " + ", ".join(str(r) for r in s.ranges))
+        for t in (*self.outputs, *self.temps):
+            lines.append(f"# {t.role} {t.decl()}")
+        return "\n".join(lines)

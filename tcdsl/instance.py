@@ -1,0 +1,113 @@
+"""Binding: ``CheckedDef`` + the call's arrays -> ``Instance`` (concrete sizes, ranges, shapes, guards).
+
+Size symbols take their values from the input shapes (checked for consistency), every symbolic
+range is evaluated, and each affine access that may leave its tensor at these sizes becomes a
+guard: the statement runs only where all its guards hold (padding by domain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .affine import Sym, bounds
+from .checked import Access, CheckedDef, Statement
+from .errors import TcArgumentError, TcRangeError
+
+
+@dataclass(frozen=True)
+class Guard:
+    access: int  # position in Statement.accesses
+    dim: int
+    sub: Sym  # sizes substituted: indices only
+    extent: int
+
+
+@dataclass(frozen=True)
+class BoundStmt:
+    stmt: Statement
+    ranges: tuple[tuple[str, int, int], ...]  # (index, lo, hi) in box order: lhs then reductions
+    guards: tuple[Guard, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(max(0, hi - lo) for _, lo, hi in self.ranges)
+
+
+@dataclass(frozen=True)
+class Instance:
+    checked: CheckedDef
+    sizes: dict[str, int]
+    shapes: dict[str, tuple[int, ...]]
+    stmts: tuple[BoundStmt, ...]
+
+
+def bind_sizes(checked: CheckedDef, shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
+    """Size-symbol values from the input shapes, with every literal dim and repeated symbol checked."""
+    sizes: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    for t, shape in zip(checked.inputs, shapes):
+        if len(shape) != len(t.dims):
+            raise TcArgumentError(f"'{t.name}' is declared with {len(t.dims)} dims but the argument has "
+                                  f"{len(shape)} (shape {tuple(shape)})", t.span.location())
+        for d, (dim, n) in enumerate(zip(t.dims, shape)):
+            if dim.is_const():
+                if dim.const != n:
+                    raise TcArgumentError(f"dim {d} of '{t.name}' is declared {dim.const} but the argument has {n}",
+                                          t.span.location())
+                continue
+            name = str(dim)
+            if name in sizes and sizes[name] != n:
+                raise TcArgumentError(f"size symbol {name}: {seen[name]} but '{t.name}' has {n} in dim {d}",
+                                      t.span.location())
+            sizes.setdefault(name, int(n))
+            seen.setdefault(name, f"'{t.name}' has {n} in dim {d}")
+    return sizes
+
+
+def instantiate(checked: CheckedDef, sizes: dict[str, int]) -> Instance:
+    consts = {k: Sym.of(v) for k, v in sizes.items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for t in (*checked.inputs, *checked.outputs, *checked.temps):
+        shapes[t.name] = tuple(int(d.eval(sizes)) for d in t.dims)
+    stmts = []
+    for s in checked.stmts:
+        ranges = tuple((r.name, int(r.lo.eval(sizes)), int(r.hi.eval(sizes))) for r in s.ranges)
+        for name, lo, hi in ranges:
+            if hi < lo:
+                raise TcRangeError(f"index '{name}' of {s.describe()} has an empty range {lo}:{hi} for these sizes "
+                                   f"({_show(sizes)})", s.span.location())
+        target = shapes[s.tensor]
+        for (name, lo, hi), extent in zip(ranges, target):
+            if hi > extent:
+                raise TcRangeError(f"index '{name}' of {s.describe()} ranges over {lo}:{hi}, past the size {extent} "
+                                   f"of '{s.tensor}' ({_show(sizes)})", s.span.location())
+        stmts.append(BoundStmt(s, ranges, _guards(s, ranges, shapes, consts)))
+    return Instance(checked, dict(sizes), shapes, tuple(stmts))
+
+
+def _guards(s: Statement, ranges: tuple[tuple[str, int, int], ...], shapes: dict[str, tuple[int, ...]],
+            consts: dict[str, Sym]) -> tuple[Guard, ...]:
+    if any(hi <= lo for _, lo, hi in ranges):
+        return ()
+    box = {name: (Sym.of(lo), Sym.of(hi)) for name, lo, hi in ranges}
+    out = []
+    for k, acc in enumerate(s.accesses):
+        for d, sub in enumerate(acc.subs):
+            if sub is None:
+                continue
+            concrete = sub.subs(consts)
+            extent = shapes[acc.tensor][d]
+            lo, hi = bounds(concrete, box)
+            if lo.is_const() and hi.is_const() and lo.const >= 0 and hi.const < extent:
+                continue
+            out.append(Guard(k, d, concrete, extent))
+    return tuple(out)
+
+
+def access_text(s: Statement, acc: Access) -> str:
+    return f"{acc.tensor}({', '.join('<gather>' if x is None else str(x) for x in acc.subs)})"
+
+
+def _show(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())

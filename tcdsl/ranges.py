@@ -1,0 +1,118 @@
+"""Range inference: the symbolic half-open range of every index of a statement.
+
+Solved as TC does, in rounds: an access subscript in which exactly one index is still unknown
+bounds that index so that the access stays inside its tensor for every value of the known
+ones; all bounds found in one round are intersected. Bounds that differ by more than a constant
+(``0:N`` from one tensor, ``0:M`` from another) are ambiguous and rejected, so a size mismatch
+never truncates silently. ``where i in lo:hi`` fixes a range outright (padding by domain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ast as A
+from .affine import FloorDiv, Sym, Var, bounds, ceildiv, floordiv, smax, smin
+from .checked import Access, IndexRange
+from .errors import TcRangeError
+
+
+@dataclass(frozen=True)
+class Bound:
+    lo: Sym
+    hi: Sym  # exclusive
+    access: Access
+    dim: int
+
+
+def infer(indices: list[str], given: dict[str, tuple[Sym, Sym]], accesses: list[tuple[Access, tuple[Sym, ...]]],
+          spans: dict[str, A.Span], show: dict[int, str], what: str) -> tuple[IndexRange, ...]:
+    """Ranges for ``indices`` (in order). ``accesses`` pairs each access with its tensor's dims;
+    ``show[id(access)]`` is its source text for messages; ``what`` names the statement."""
+    known: dict[str, tuple[Sym, Sym]] = dict(given)
+    unknown = [i for i in indices if i not in known]
+    while unknown:
+        found: dict[str, list[Bound]] = {}
+        padded: dict[str, list[Bound]] = {}  # bounds from subscripts that involve a where-given index
+        for acc, dims in accesses:
+            for d, (sub, extent) in enumerate(zip(acc.subs, dims)):
+                if sub is None:
+                    continue
+                free = [i for i in sub.indices() if i not in known]
+                if len(free) != 1:
+                    continue
+                solved = _solve(sub, Var(free[0], "index"), Sym.of(0), extent - 1, known)
+                if solved is not None:
+                    tier = padded if sub.indices() & given.keys() else found
+                    tier.setdefault(free[0], []).append(Bound(solved[0], solved[1], acc, d))
+        for name, cands in padded.items():
+            found.setdefault(name, cands)
+        if not found:
+            break
+        for name, cands in found.items():
+            known[name] = _intersect(name, cands, spans, show, what)
+        unknown = [i for i in unknown if i not in known]
+    if unknown:
+        name = unknown[0]
+        raise TcRangeError(_unsolved_message(name, accesses, show, what), spans[name].location())
+    out = []
+    for name in indices:
+        lo, hi = known[name]
+        if (hi - lo).is_const() and (hi - lo).const <= 0 and name in given:
+            raise TcRangeError(f"index '{name}' has an empty range {lo}:{hi} in {what}",
+                               spans[name].location())
+        out.append(IndexRange(name, lo, hi, name in given))
+    return tuple(out)
+
+
+def _solve(sub: Sym, u: Var, lo: Sym, hi: Sym, known: dict[str, tuple[Sym, Sym]]) -> tuple[Sym, Sym] | None:
+    """The range of ``u`` (half-open) that keeps ``lo <= sub <= hi`` for every value of the
+    other indices, or None when ``u`` does not appear in a solvable position."""
+    a = sub.coeff(u)
+    inside = [t for t in sub.atoms() if not isinstance(t, Var) and u.name in Sym.of(t).indices()]
+    if a != 0 and not inside:
+        rmin, rmax = bounds(sub.without(u), known)
+        if a > 0:
+            return ceildiv(lo - rmin, a), floordiv(hi - rmax, a) + 1
+        b = -a
+        return ceildiv(rmax - hi, b), floordiv(rmin - lo, b) + 1
+    if a == 0 and len(inside) == 1 and isinstance(inside[0], FloorDiv):
+        atom = inside[0]
+        c = sub.coeff(atom)  # type: ignore[arg-type]
+        if c <= 0:
+            return None
+        rmin, rmax = bounds(sub.without(atom), known)
+        q_lo, q_hi = ceildiv(lo - rmin, c), floordiv(hi - rmax, c)
+        return _solve(atom.num, u, q_lo * atom.den, q_hi * atom.den + (atom.den - 1), known)
+    return None
+
+
+def _intersect(name: str, cands: list[Bound], spans: dict[str, A.Span], show: dict[int, str],
+               what: str) -> tuple[Sym, Sym]:
+    first = cands[0]
+    for other in cands[1:]:
+        for side in ("lo", "hi"):
+            if not (getattr(other, side) - getattr(first, side)).is_const():
+                a, b = _origin(first, show), _origin(other, show)
+                raise TcRangeError(
+                    f"the range of index '{name}' in {what} is ambiguous: {a} gives {first.lo}:{first.hi} but "
+                    f"{b} gives {other.lo}:{other.hi}; use one size symbol for both dims or write "
+                    f"`where {name} in lo:hi`", spans[name].location())
+    return smax(*(c.lo for c in cands)), smin(*(c.hi for c in cands))
+
+
+def _origin(b: Bound, show: dict[int, str]) -> str:
+    return f"{show.get(id(b.access), b.access.tensor)} (dim {b.dim})"
+
+
+def _unsolved_message(name: str, accesses: list[tuple[Access, tuple[Sym, ...]]], show: dict[int, str],
+                      what: str) -> str:
+    shared = [show.get(id(acc), acc.tensor) for acc, _ in accesses
+              if any(s is not None and name in s.indices() for s in acc.subs)]
+    if not shared:
+        reason = "it is not used in any tensor subscript"
+        hint = f"write `where {name} in lo:hi` or `where exists T({name}, ...)`"
+    else:
+        reason = "it only appears in subscripts together with other unknown indices, in " + ", ".join(shared)
+        hint = f"write `where {name} in lo:hi`"
+    return f"cannot infer the range of index '{name}' in {what}: {reason}; {hint}"

@@ -1,0 +1,418 @@
+"""Semantic analysis: ``Def -> CheckedDef`` (names, types, reductions, writes, then ranges).
+
+Resolves every name (size symbol, tensor, index, let, builtin), types every expression with C's
+conversions made explicit, classifies subscripts as quasi-affine or gathers, enforces the
+language's rules (SPEC section 1 and its three fixes), and calls range inference per statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ast as A
+from . import dtypes as T
+from .affine import Sym, floordiv, mod, smax, smin
+from .checked import (Access, Binop, Call, CheckedDef, Const, Convert, IndexVal, Read, Select, SizeVal, Statement,
+                      Tensor, TExpr, Unop, convert)
+from .errors import TcRangeError, TcSemanticError, TcTypeError
+from .printer import expr as print_expr
+from .ranges import infer
+
+# builtin -> (arity, kind); kinds: "math" computes in float, "same" keeps an arithmetic type
+BUILTINS: dict[str, tuple[int, str]] = {
+    **{f: (1, "math") for f in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "tanh", "sigmoid", "erf",
+                                "floor", "ceil", "round", "sin", "cos", "tan", "fabs", "exp2", "log2", "log10",
+                                "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "trunc")},
+    "abs": (1, "same"),
+    **{f: (2, "math") for f in ("pow", "fmax", "fmin", "atan2", "fmod")},
+    "min": (2, "same"), "max": (2, "same"),
+    "fma": (3, "math"),
+}
+_ARITH = {"+", "-", "*", "/", "%"}
+_CMP = {"==", "!=", "<", "<=", ">", ">="}
+
+
+def _err(cls, msg: str, span: A.Span):
+    return cls(msg, span.location())
+
+
+def check_def(d: A.Def) -> CheckedDef:
+    return _DefChecker(d).run()
+
+
+def check_module(m: A.Module) -> list[CheckedDef]:
+    names: set[str] = set()
+    for d in m.defs:
+        if d.name.name in names:
+            raise _err(TcSemanticError, f"def '{d.name.name}' is defined twice", d.name.span)
+        names.add(d.name.name)
+    return [check_def(d) for d in m.defs]
+
+
+@dataclass
+class _Scope:
+    """Per-statement state while typing its right-hand side."""
+
+    stmt: A.Stmt
+    lets: dict[str, A.WhereLet]
+    index_spans: dict[str, A.Span] = field(default_factory=dict)
+    index_order: list[str] = field(default_factory=list)
+    accesses: list[Access] = field(default_factory=list)
+    shown: dict[int, str] = field(default_factory=dict)
+    expanding: tuple[str, ...] = ()
+
+    def use_index(self, name: str, span: A.Span) -> None:
+        if name not in self.index_spans:
+            self.index_spans[name] = span
+            self.index_order.append(name)
+
+
+class _DefChecker:
+    def __init__(self, d: A.Def) -> None:
+        self.d = d
+        self.what_def = f"def '{d.name.name}'"
+        self.sizes: dict[str, A.Span] = {}
+        self.inputs: dict[str, Tensor] = {}
+        self.declared_outputs: dict[str, A.Output] = {}
+        self.shaped: dict[str, Tensor] = {}  # tensors with a known shape: inputs, typed or written outputs
+        self.written: set[str] = set()
+
+    # ---- header ----
+    def _header(self) -> None:
+        names: dict[str, A.Span] = {}
+        for p in self.d.params:
+            if p.name.name in names:
+                raise _err(TcSemanticError, f"parameter '{p.name.name}' is declared twice in {self.what_def}", p.name.span)
+            names[p.name.name] = p.name.span
+            dims = tuple(self._dim(dim) for dim in (p.dims or ()))
+            t = Tensor(p.name.name, p.type, dims, "input", p.span)
+            self.inputs[t.name] = t
+            self.shaped[t.name] = t
+        for name, span in self.sizes.items():
+            if name in names:
+                raise _err(TcSemanticError, f"'{name}' is both a size symbol and a tensor in {self.what_def}", span)
+        for o in self.d.outputs:
+            n = o.name.name
+            if n in self.inputs:
+                raise _err(TcSemanticError, f"'{n}' is both an input and an output of {self.what_def}", o.name.span)
+            if n in self.declared_outputs:
+                raise _err(TcSemanticError, f"output '{n}' is listed twice in {self.what_def}", o.name.span)
+            if n in self.sizes:
+                raise _err(TcSemanticError, f"'{n}' is both a size symbol and an output in {self.what_def}", o.name.span)
+            self.declared_outputs[n] = o
+            if o.type is not None:
+                dims = []
+                for dim in o.dims or ():
+                    if dim.name is not None and dim.name not in self.sizes:
+                        raise _err(TcSemanticError, f"size symbol '{dim.name}' of output '{n}' is not a size of any "
+                                   f"input of {self.what_def}", dim.span)
+                    dims.append(Sym.var(dim.name, "size") if dim.name is not None else Sym.of(dim.value or 0))
+                self.shaped[n] = Tensor(n, o.type, tuple(dims), "output", o.span)
+
+    def _dim(self, dim: A.Dim) -> Sym:
+        if dim.name is None:
+            return Sym.of(dim.value or 0)
+        self.sizes.setdefault(dim.name, dim.span)
+        return Sym.var(dim.name, "size")
+
+    # ---- whole def ----
+    def run(self) -> CheckedDef:
+        self._header()
+        stmts = [self._statement(i + 1, s) for i, s in enumerate(self.d.stmts)]
+        outputs = []
+        for n, o in self.declared_outputs.items():
+            if n not in self.written:
+                raise _err(TcSemanticError, f"output '{n}' of {self.what_def} is never written", o.name.span)
+            t = self.shaped[n]
+            outputs.append(Tensor(n, t.dtype, t.dims, "output", t.span))
+        temps = [Tensor(t.name, t.dtype, t.dims, "temp", t.span) for n, t in self.shaped.items()
+                 if n not in self.inputs and n not in self.declared_outputs]
+        return CheckedDef(self.d.name.name, tuple(self.inputs.values()), tuple(outputs), tuple(temps),
+                          tuple(self.sizes), tuple(stmts), self.d)
+
+    # ---- one statement ----
+    def _statement(self, number: int, s: A.Stmt) -> Statement:
+        name = s.lhs.name
+        what = f"statement {number} of {self.what_def}"
+        if name in self.inputs:
+            raise _err(TcSemanticError, f"'{name}' is an input of {self.what_def} and cannot be written", s.lhs.span)
+        if name in self.sizes:
+            raise _err(TcSemanticError, f"'{name}' is a size symbol and cannot be written", s.lhs.span)
+        lhs = [i.name for i in s.indices or ()]
+        for k, ident in enumerate(s.indices or ()):
+            if ident.name in lhs[:k]:
+                raise _err(TcSemanticError, f"index '{ident.name}' appears twice on the left of {what}", ident.span)
+            if ident.name in self.sizes or ident.name in self.shaped or ident.name in self.declared_outputs:
+                raise _err(TcSemanticError, f"'{ident.name}' names a size or tensor and cannot be an index", ident.span)
+        red = s.reduction
+        if red is not None and not s.init and name not in self.written:
+            raise _err(TcSemanticError, f"reduction '{s.op}' into '{name}', which no earlier statement of "
+                       f"{self.what_def} writes, would read uninitialised memory; write '{red}=!' to start "
+                       f"from the identity", s.span)
+        existing = self.shaped.get(name)
+        if existing is not None and len(existing.dims) != len(lhs):
+            raise _err(TcSemanticError, f"'{name}' has {len(existing.dims)} dims but is written with {len(lhs)} "
+                       f"indices", s.lhs.span)
+        lets: dict[str, A.WhereLet] = {}
+        ranges: dict[str, tuple[Sym, Sym]] = {}
+        range_spans: dict[str, A.Span] = {}
+        exists: list[A.WhereExists] = []
+        for w in s.wheres:
+            if isinstance(w, A.WhereLet):
+                if w.name.name in lets or w.name.name in self.sizes or w.name.name in self.shaped:
+                    raise _err(TcSemanticError, f"'{w.name.name}' is already defined", w.name.span)
+                lets[w.name.name] = w
+            elif isinstance(w, A.WhereRange):
+                if w.index.name in ranges:
+                    raise _err(TcRangeError, f"index '{w.index.name}' is given two ranges", w.index.span)
+                ranges[w.index.name] = (self._size_expr(w.lo), self._size_expr(w.hi))
+                range_spans[w.index.name] = w.index.span
+            else:
+                exists.append(w)
+        scope = _Scope(s, lets)
+        for ident in s.indices or ():
+            scope.use_index(ident.name, ident.span)
+        for ident in s.indices or ():
+            if ident.name in lets:
+                raise _err(TcSemanticError, f"'{ident.name}' is both an index and a where-let", ident.span)
+        rhs = self._expr(s.rhs, scope)
+        for w in exists:
+            self._read(w.access, scope, kind="exists")
+        for n, sp in range_spans.items():
+            if n not in scope.index_spans:
+                raise _err(TcRangeError, f"where clause gives a range to '{n}', which {what} does not use", sp)
+        reductions = [i for i in scope.index_order if i not in lhs]
+        if s.op == "=" and reductions:
+            r = reductions[0]
+            raise _err(TcSemanticError, f"index '{r}' appears only on the right of {what}, so it is a reduction "
+                       f"index, but '=' does not reduce; use '+=!' (or another reduction) or put '{r}' on the left",
+                       scope.index_spans[r])
+        if red is not None:
+            for acc in scope.accesses:
+                if acc.tensor == name:
+                    raise _err(TcSemanticError, f"reduction {what} reads '{name}', the tensor it reduces into; "
+                               f"read a copy instead", acc.span)
+        else:
+            for acc in scope.accesses:
+                if acc.tensor == name and acc.subs != tuple(Sym.var(i, "index") for i in lhs):
+                    raise _err(TcSemanticError, f"{what} reads '{name}' at another point than the one it writes; "
+                               f"write the result to a new tensor", acc.span)
+        all_acc = [(a, self.shaped[a.tensor].dims) for a in scope.accesses]
+        if existing is not None:
+            write = Access(name, tuple(Sym.var(i, "index") for i in lhs), "write", s.lhs.span)
+            scope.shown[id(write)] = f"{name}({', '.join(lhs)})"
+            all_acc.append((write, existing.dims))
+        spans = {**scope.index_spans, **range_spans}
+        index_ranges = infer(lhs + reductions, ranges, all_acc, spans, scope.shown, what)
+        for r in index_ranges[: len(lhs)]:
+            if not (r.lo.is_const() and r.lo.const == 0):
+                raise _err(TcRangeError, f"the range of index '{r.name}' on the left of {what} is {r.lo}:{r.hi}, which "
+                           f"does not start at 0; write `where {r.name} in 0:...` to pad (the statement then runs "
+                           f"only where its reads are in bounds)", spans[r.name])
+        if existing is None:
+            dtype = rhs.dtype
+            dims = tuple(r.hi for r in index_ranges[: len(lhs)])
+            self.shaped[name] = Tensor(name, dtype, dims, "output" if name in self.declared_outputs else "temp",
+                                       s.lhs.span)
+        else:
+            for r, extent in zip(index_ranges, existing.dims):
+                over = r.hi - extent
+                if over.is_const() and over.const > 0:
+                    raise _err(TcRangeError, f"index '{r.name}' ranges over {r.lo}:{r.hi}, past dim {lhs.index(r.name)} "
+                               f"of '{name}' ({extent})", spans[r.name])
+        self.written.add(name)
+        target = self.shaped[name]
+        return Statement(number, name, tuple(lhs), tuple(reductions), "=" if red is None else red, s.init,
+                         convert(rhs, target.dtype), index_ranges,
+                         tuple(a for a in scope.accesses), s)
+
+    # ---- size expressions (where ranges) ----
+    def _size_expr(self, e: A.Expr) -> Sym:
+        if isinstance(e, A.Num) and not e.is_float:
+            return Sym.of(int(e.value))
+        if isinstance(e, A.Name):
+            if e.name in self.sizes:
+                return Sym.var(e.name, "size")
+            raise _err(TcRangeError, f"'{e.name}' is not a size symbol; a range bound is an integer expression of "
+                       f"sizes and literals", e.span)
+        if isinstance(e, A.Unary) and e.op in "-+":
+            v = self._size_expr(e.arg)
+            return -v if e.op == "-" else v
+        if isinstance(e, A.Apply) and e.name in ("min", "max") and len(e.args) == 2:
+            a, b = (self._size_expr(x) for x in e.args)
+            return smin(a, b) if e.name == "min" else smax(a, b)
+        if isinstance(e, A.Binary) and e.op in _ARITH:
+            a, b = self._size_expr(e.lhs), self._size_expr(e.rhs)
+            return self._affine_op(e, a, b)
+        raise _err(TcRangeError, "a range bound must be an integer expression of sizes and literals", e.span)
+
+    def _affine_op(self, e: A.Binary, a: Sym, b: Sym) -> Sym:
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            if a.is_const() or b.is_const():
+                return a * b
+            raise _err(TcSemanticError, "a product of two non-constant terms is not affine", e.span)
+        if not b.is_const() or b.const <= 0:
+            raise _err(TcSemanticError, f"'{e.op}' in a subscript or range needs a positive integer literal on the right",
+                       e.span)
+        return floordiv(a, b.const) if e.op == "/" else mod(a, b.const)
+
+    # ---- subscripts ----
+    def _affine(self, e: A.Expr, scope: _Scope) -> Sym | None:
+        """A quasi-affine Sym for ``e``, or None if it is not one (then it may be a gather)."""
+        if isinstance(e, A.Num):
+            return None if e.is_float else Sym.of(int(e.value))
+        if isinstance(e, A.Name):
+            n = e.name
+            if n in scope.lets:
+                return self._with_let(n, scope, lambda v: self._affine(v, scope))
+            if n in self.sizes:
+                return Sym.var(n, "size")
+            if n in self.shaped or n in self.declared_outputs:
+                return None
+            scope.use_index(n, e.span)
+            return Sym.var(n, "index")
+        if isinstance(e, A.Unary) and e.op in "-+":
+            v = self._affine(e.arg, scope)
+            return None if v is None else (-v if e.op == "-" else v)
+        if isinstance(e, A.Binary) and e.op in _ARITH:
+            a, b = self._affine(e.lhs, scope), self._affine(e.rhs, scope)
+            if a is None or b is None:
+                return None
+            if e.op == "*" and not (a.is_const() or b.is_const()):
+                return None
+            if e.op in "/%" and not (b.is_const() and b.const > 0):
+                return None
+            return self._affine_op(e, a, b)
+        return None
+
+    def _with_let(self, n: str, scope: _Scope, fn):
+        if n in scope.expanding:
+            raise _err(TcSemanticError, f"where-let '{n}' refers to itself", scope.lets[n].name.span)
+        saved = scope.expanding
+        scope.expanding = saved + (n,)
+        try:
+            return fn(scope.lets[n].value)
+        finally:
+            scope.expanding = saved
+
+    def _read(self, e: A.Apply, scope: _Scope, kind: str = "read") -> Read:
+        t = self.shaped.get(e.name)
+        if t is None:
+            if e.name in self.declared_outputs:
+                raise _err(TcSemanticError, f"output '{e.name}' is read before any statement writes it", e.span)
+            raise _err(TcSemanticError, f"'{e.name}' is not a tensor or builtin of {self.what_def}", e.span)
+        if e.name not in self.inputs and e.name not in self.written:
+            raise _err(TcSemanticError, f"'{e.name}' is read before any statement writes it", e.span)
+        if len(e.args) != len(t.dims):
+            raise _err(TcSemanticError, f"'{e.name}' has {len(t.dims)} dims but is read with {len(e.args)} subscripts",
+                       e.span)
+        subs: list[Sym | TExpr] = []
+        affine: list[Sym | None] = []
+        for arg in e.args:
+            a = self._affine(arg, scope)
+            if a is not None:
+                subs.append(a)
+                affine.append(a)
+                continue
+            g = self._expr(arg, scope)
+            if not (T.is_int(g.dtype) or g.dtype == "bool"):
+                raise _err(TcTypeError, f"subscript of '{e.name}' has type {g.dtype}; subscripts are integers", arg.span)
+            if not _contains_read(g):
+                raise _err(TcSemanticError, f"subscript '{print_expr(arg)}' of '{e.name}' is neither affine in indices and "
+                           f"sizes nor data-dependent", arg.span)
+            subs.append(convert(g, "int64"))
+            affine.append(None)
+        acc = Access(e.name, tuple(affine), kind, e.span)
+        scope.accesses.append(acc)
+        scope.shown[id(acc)] = print_expr(e)
+        return Read(t.dtype, e.name, tuple(subs), e.span)
+
+    # ---- value expressions ----
+    def _expr(self, e: A.Expr, scope: _Scope) -> TExpr:
+        if isinstance(e, A.Num):
+            if e.is_float:
+                return Const(T.FLOAT_LITERAL, float(e.value))
+            v = int(e.value)
+            return Const(T.INT_LITERAL if v < 2**31 else "int64", v)
+        if isinstance(e, A.Name):
+            return self._name(e, scope)
+        if isinstance(e, A.Apply):
+            return self._apply(e, scope)
+        if isinstance(e, A.Cast):
+            return convert(self._expr(e.arg, scope), e.type)
+        if isinstance(e, A.Unary):
+            a = self._expr(e.arg, scope)
+            if e.op == "!":
+                return Unop("bool", "!", convert(a, "bool"))
+            t = T.promote(a.dtype, a.dtype)
+            a = convert(a, t)
+            return a if e.op == "+" else Unop(t, "-", a)
+        if isinstance(e, A.Binary):
+            a, b = self._expr(e.lhs, scope), self._expr(e.rhs, scope)
+            if e.op in ("&&", "||"):
+                return Binop("bool", e.op, convert(a, "bool"), convert(b, "bool"), e.span)
+            t = T.promote(a.dtype, b.dtype)
+            res = "bool" if e.op in _CMP else t
+            return Binop(res, e.op, convert(a, t), convert(b, t), e.span)
+        if isinstance(e, A.Ternary):
+            c = convert(self._expr(e.cond, scope), "bool")
+            a, b = self._expr(e.then, scope), self._expr(e.other, scope)
+            t = T.promote(a.dtype, b.dtype) if a.dtype != b.dtype else a.dtype
+            return Select(t, c, convert(a, t), convert(b, t))
+        raise TypeError(e)
+
+    def _name(self, e: A.Name, scope: _Scope) -> TExpr:
+        n = e.name
+        if n in scope.lets:
+            return self._with_let(n, scope, lambda v: self._expr(v, scope))
+        if n in self.shaped or n in self.declared_outputs:
+            t = self.shaped.get(n)
+            if t is not None and not t.dims:
+                return self._read(A.Apply(n, (), e.span), scope)
+            self._raise_bare(n, t, e.span)
+        if n in self.sizes:
+            return SizeVal(T.INDEX, n)
+        if n in BUILTINS or n in T.TYPE_NAMES:
+            raise _err(TcSemanticError, f"'{n}' is a function; call it with arguments", e.span)
+        scope.use_index(n, e.span)
+        return IndexVal(T.INDEX, n)
+
+    def _raise_bare(self, n: str, t: Tensor | None, span: A.Span):
+        if t is None:
+            raise _err(TcSemanticError, f"output '{n}' is read before any statement writes it", span)
+        raise _err(TcSemanticError, f"tensor '{n}' has {len(t.dims)} dims and is used without subscripts", span)
+
+    def _apply(self, e: A.Apply, scope: _Scope) -> TExpr:
+        if e.name in self.shaped or e.name in self.declared_outputs or e.name not in BUILTINS:
+            return self._read(e, scope)
+        arity, kind = BUILTINS[e.name]
+        if len(e.args) != arity:
+            raise _err(TcSemanticError, f"builtin '{e.name}' takes {arity} argument{'s' * (arity > 1)}, "
+                       f"got {len(e.args)}", e.span)
+        args = [self._expr(a, scope) for a in e.args]
+        t = args[0].dtype
+        for a in args[1:]:
+            t = T.promote(t, a.dtype)
+        if kind == "math":
+            t = T.float_of(t)
+        elif t == "bool" or (T.is_int(t) and T.bits(t) < 32):
+            t = "int32"
+        return Call(t, e.name, tuple(convert(a, t) for a in args))
+
+
+def _contains_read(e: TExpr) -> bool:
+    if isinstance(e, Read):
+        return True
+    if isinstance(e, (Unop, Convert)):
+        return _contains_read(e.arg)
+    if isinstance(e, Binop):
+        return _contains_read(e.lhs) or _contains_read(e.rhs)
+    if isinstance(e, Select):
+        return any(_contains_read(x) for x in (e.cond, e.then, e.other))
+    if isinstance(e, Call):
+        return any(_contains_read(x) for x in e.args)
+    return False

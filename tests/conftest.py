@@ -1,0 +1,56 @@
+"""Test tiers: unmarked tests are pure Python; `cpu` needs a C compiler; `gpu` needs a CUDA device or
+an OpenCL platform (PoCL counts). Tiers the machine lacks are skipped. `slow` sweeps are opt-in:
+pass --run-slow (or select them with -m slow)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import warnings
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+@functools.cache
+def has_c_compiler() -> bool:
+    return shutil.which((os.environ.get("CC", "").split() or ["gcc"])[0]) is not None
+
+
+@functools.cache
+def has_cuda() -> bool:
+    try:
+        with warnings.catch_warnings():  # an import-time warning must not read as "no device"
+            warnings.simplefilter("ignore")
+            import cupy
+
+            return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+@functools.cache
+def has_opencl() -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pyopencl as cl
+
+            return len(cl.get_platforms()) > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow") or "slow" in (config.getoption("markexpr") or "")
+    for item in items:
+        if item.get_closest_marker("cpu") and not has_c_compiler():
+            item.add_marker(pytest.mark.skip(reason="no C compiler ($CC, default gcc)"))
+        if item.get_closest_marker("gpu") and not (has_cuda() or has_opencl()):
+            item.add_marker(pytest.mark.skip(reason="no CUDA device and no OpenCL platform"))
+        if item.get_closest_marker("slow") and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow sweep: pass --run-slow"))
