@@ -170,7 +170,7 @@ class Sym:
     # ---- printing ----
     def __str__(self) -> str:
         parts: list[str] = []
-        for a, c in self.terms:
+        for a, c in sorted(self.terms, key=lambda t: t[1] < 0):
             text = str(a)
             if isinstance(a, (FloorDiv, Mod)) and (c != 1 or parts):
                 text = f"({text})" if c not in (1, -1) else text
@@ -280,9 +280,9 @@ def _extreme(op: str, args: tuple[Sym, ...]) -> Sym:
     kept: list[Sym] = []
     for a in flat:
         for i, b in enumerate(kept):
-            d = a - b
-            if d.is_const():
-                if (op == "min" and d.const < 0) or (op == "max" and d.const > 0):
+            sign = sign_of(a - b)
+            if sign is not None:
+                if (op == "min" and sign < 0) or (op == "max" and sign > 0):
                     kept[i] = a
                 break
         else:
@@ -291,6 +291,23 @@ def _extreme(op: str, args: tuple[Sym, ...]) -> Sym:
         return kept[0]
     kept.sort(key=str)
     return Sym.make({MinMax(op, tuple(kept)): 1})
+
+
+def sign_of(s: Sym) -> int | None:
+    """+1 if ``s >= 0`` for every size value (sizes are never negative), -1 if ``s <= 0``, else None."""
+    if s.is_const():
+        return 1 if s.const >= 0 else -1
+    if not all(isinstance(a, Var) and a.kind == "size" for a in s.atoms()):
+        return None
+    signs = {c > 0 for _, c in s.terms}
+    if len(signs) != 1:
+        return None
+    pos = signs.pop()
+    if pos and s.const >= 0:
+        return 1
+    if not pos and s.const <= 0:
+        return -1
+    return None
 
 
 def smin(*args: Sym) -> Sym:

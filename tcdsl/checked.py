@@ -182,7 +182,7 @@ class Statement:
         return self.source.span
 
     def describe(self) -> str:
-        return f"statement {self.number} (line {self.span.line}) of {self.tensor}"
+        return f"statement {self.number} (line {self.span.line}, writing '{self.tensor}')"
 
 
 @dataclass(frozen=True)

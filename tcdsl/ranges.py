@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ast as A
-from .affine import FloorDiv, Sym, Var, bounds, ceildiv, floordiv, smax, smin
+from .affine import FloorDiv, Sym, Var, bounds, ceildiv, floordiv, sign_of, smax, smin
 from .checked import Access, IndexRange
 from .errors import TcRangeError
 
@@ -92,7 +92,7 @@ def _intersect(name: str, cands: list[Bound], spans: dict[str, A.Span], show: di
     first = cands[0]
     for other in cands[1:]:
         for side in ("lo", "hi"):
-            if not (getattr(other, side) - getattr(first, side)).is_const():
+            if sign_of(getattr(other, side) - getattr(first, side)) is None:
                 a, b = _origin(first, show), _origin(other, show)
                 raise TcRangeError(
                     f"the range of index '{name}' in {what} is ambiguous: {a} gives {first.lo}:{first.hi} but "
