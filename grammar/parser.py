@@ -16,8 +16,12 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from tcdsl import ast as A
-from tcdsl.dtypes import canonical
+from tcdsl.dtypes import TYPE_NAMES, canonical
 from tcdsl.errors import SourceFile, TcError, TcSyntaxError, locate
+
+
+RESERVED = frozenset(("def", "where", "in", "exists", *TYPE_NAMES))
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @functools.cache
@@ -137,7 +141,13 @@ class _Build(Transformer):
         self.src = src
 
     def _ident(self, tok: Token) -> A.Ident:
+        self._not_reserved(tok)
         return A.Ident(str(tok), _tok_span(self.src, tok))
+
+    def _not_reserved(self, tok: Token) -> None:
+        if str(tok) in RESERVED:
+            raise TcSyntaxError(f"'{tok}' is a keyword and cannot be used as a name",
+                                _tok_span(self.src, tok).location())
 
     def module(self, meta, defs):
         return A.Module(tuple(defs), self.src)
@@ -176,6 +186,8 @@ class _Build(Transformer):
     def dim(self, meta, items):
         tok = items[0]
         span = _tok_span(self.src, tok)
+        if tok.type == "NAME":
+            self._not_reserved(tok)
         if tok.type == "INT":
             return A.Dim(value=int(tok), span=span)
         return A.Dim(name=str(tok), span=span)
@@ -202,6 +214,7 @@ class _Build(Transformer):
 
     def where_exists(self, meta, items):
         name, *args = items
+        self._not_reserved(name)
         span = _span_of(self.src, meta)
         access = A.Apply(str(name), tuple(a for a in args if a is not None), span)
         return A.WhereExists(access, span)
@@ -229,13 +242,18 @@ class _Build(Transformer):
         return A.Num(int(items[0]), False, _span_of(self.src, meta))
 
     def float_lit(self, meta, items):
-        return A.Num(float(items[0]), True, _span_of(self.src, meta))
+        value = float(items[0])
+        if value > FLOAT32_MAX:
+            raise TcSyntaxError(f"float literal {items[0]} is out of the float32 range", _tok_span(self.src, items[0]).location())
+        return A.Num(value, True, _span_of(self.src, meta))
 
     def name(self, meta, items):
+        self._not_reserved(items[0])
         return A.Name(str(items[0]), _span_of(self.src, meta))
 
     def apply(self, meta, items):
         name, *args = items
+        self._not_reserved(name)
         return A.Apply(str(name), tuple(a for a in args if a is not None), _span_of(self.src, meta))
 
     def cast(self, meta, items):

@@ -172,8 +172,8 @@ class Sym:
         parts: list[str] = []
         for a, c in sorted(self.terms, key=lambda t: t[1] < 0):
             text = str(a)
-            if isinstance(a, (FloorDiv, Mod)) and (c != 1 or parts):
-                text = f"({text})" if c not in (1, -1) else text
+            if isinstance(a, (FloorDiv, Mod)) and c != 1:
+                text = f"({text})"
             mag = abs(c)
             piece = text if mag == 1 else f"{mag}*{text}"
             if not parts:

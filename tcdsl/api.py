@@ -21,7 +21,7 @@ from .checked import CheckedDef
 from .errors import TcArgumentError, TcError
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
-from .sema import check_def
+from .sema import check_def, check_module
 
 BACKENDS = ("numpy",)
 
@@ -179,7 +179,7 @@ def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | 
     module = parse(source, filename)
     if not module.defs:
         raise TcArgumentError("the source holds no def")
-    kernels = [Kernel(check_def(d), backend) for d in module.defs]
+    kernels = [Kernel(c, backend) for c in check_module(module)]
     if len(kernels) == 1:
         return kernels[0]
     return Library(**{k.name: k for k in kernels})
@@ -220,7 +220,11 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
             if not kind_ok:
                 raise TcArgumentError(f"'{t.name}' is {t.dtype} but the argument is the float {x!r}",
                                       t.span.location())
-            out.append(np.asarray(x, dtype=t.dtype))
+            try:
+                out.append(np.asarray(x, dtype=t.dtype))
+            except OverflowError:
+                raise TcArgumentError(f"'{t.name}' is {t.dtype} but {x!r} does not fit in it",
+                                      t.span.location()) from None
             continue
         a = _as_array(x, t.name)
         got = T.from_numpy(a.dtype)

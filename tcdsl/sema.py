@@ -76,6 +76,7 @@ class _DefChecker:
         self.declared_outputs: dict[str, A.Output] = {}
         self.shaped: dict[str, Tensor] = {}  # tensors with a known shape: inputs, typed or written outputs
         self.written: set[str] = set()
+        self.lhs_names = {s.lhs.name for s in d.stmts}
 
     # ---- header ----
     def _header(self) -> None:
@@ -304,6 +305,8 @@ class _DefChecker:
         if t is None:
             if e.name in self.declared_outputs:
                 raise _err(TcSemanticError, f"output '{e.name}' is read before any statement writes it", e.span)
+            if e.name in self.lhs_names:
+                raise _err(TcSemanticError, f"'{e.name}' is read before any statement writes it", e.span)
             raise _err(TcSemanticError, f"'{e.name}' is not a tensor or builtin of {self.what_def}", e.span)
         if e.name not in self.inputs and e.name not in self.written:
             raise _err(TcSemanticError, f"'{e.name}' is read before any statement writes it", e.span)
