@@ -45,11 +45,14 @@ def main() -> None:
              ("conv 64x64x30x30, 64 filters 3x3", conv, (I, W), np.einsum("nchwij,fcij->nfhw", win, W, optimize=True))]
     print(f"{'kernel':<36} {'fast path':>10} {'generic':>10}  max rel err")
     for name, k, args, want in cases:
-        fast = median_time(lambda: k(*args, backend="numpy"), a.repeat)
+        def call(k=k, args=args):
+            return k(*args, backend="numpy")
+
+        fast = median_time(call, a.repeat)
         saved = interp._einsum
         interp._einsum = lambda *x: False
         try:
-            generic = median_time(lambda: k(*args, backend="numpy"), max(1, a.repeat // 2))
+            generic = median_time(call, max(1, a.repeat // 2))
             got = k(*args, backend="numpy")
         finally:
             interp._einsum = saved

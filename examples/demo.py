@@ -22,7 +22,8 @@ def check(title: str, got: np.ndarray, want: np.ndarray, seconds: float, rtol: f
     err = float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
     ok = got.shape == want.shape and err <= rtol
     failures += not ok
-    print(f"  {'ok ' if ok else 'BAD'} {title:<44} shape {str(got.shape):<18} rel err {err:.1e}  {seconds * 1e3:7.1f} ms")
+    mark = "ok " if ok else "BAD"
+    print(f"  {mark} {title:<44} shape {str(got.shape):<18} rel err {err:.1e}  {seconds * 1e3:7.1f} ms")
 
 
 def timed(fn, *args):

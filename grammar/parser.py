@@ -19,7 +19,6 @@ from tcdsl import ast as A
 from tcdsl.dtypes import TYPE_NAMES, canonical
 from tcdsl.errors import SourceFile, TcError, TcSyntaxError, locate
 
-
 RESERVED = frozenset(("def", "where", "in", "exists", *TYPE_NAMES))
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -99,7 +98,8 @@ def _token_text(tok: Token) -> str:
 
 def _translate(src: SourceFile, e: UnexpectedInput) -> TcSyntaxError:
     if isinstance(e, UnexpectedCharacters):
-        ch = src.text[e.pos_in_stream] if e.pos_in_stream < len(src.text) else "?"
+        pos = e.pos_in_stream or 0
+        ch = src.text[pos] if pos < len(src.text) else "?"
         msg = f"unexpected character {ch!r}"
         return TcSyntaxError(msg, locate(src, e.line, e.column, e.line, e.column + 1))
     if isinstance(e, UnexpectedToken):
@@ -131,7 +131,7 @@ def _span_of(src: SourceFile, meta: Any) -> A.Span:
 
 
 def _tok_span(src: SourceFile, tok: Token) -> A.Span:
-    return A.Span(src, tok.line, tok.column, tok.end_line, tok.end_column)
+    return A.Span(src, tok.line or 0, tok.column or 0, tok.end_line or 0, tok.end_column or 0)
 
 
 @v_args(meta=True)
@@ -244,7 +244,8 @@ class _Build(Transformer):
     def float_lit(self, meta, items):
         value = float(items[0])
         if value > FLOAT32_MAX:
-            raise TcSyntaxError(f"float literal {items[0]} is out of the float32 range", _tok_span(self.src, items[0]).location())
+            raise TcSyntaxError(f"float literal {items[0]} is out of the float32 range",
+                                _tok_span(self.src, items[0]).location())
         return A.Num(value, True, _span_of(self.src, meta))
 
     def name(self, meta, items):

@@ -4,8 +4,17 @@
 """
 
 from .api import GenericKernel, Kernel, Library, define
-from .errors import (TcArgumentError, TcCompileError, TcError, TcRangeError, TcRuntimeError, TcScheduleError,
-                     TcSemanticError, TcSyntaxError, TcTypeError)
+from .errors import (
+                     TcArgumentError,
+                     TcCompileError,
+                     TcError,
+                     TcRangeError,
+                     TcRuntimeError,
+                     TcScheduleError,
+                     TcSemanticError,
+                     TcSyntaxError,
+                     TcTypeError,
+)
 
 __version__ = "0.1.0"
 

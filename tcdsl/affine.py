@@ -8,8 +8,9 @@ a constant), so ranges print as users write them: ``H - KH + 1``, ``(H - KH) / 2
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class MinMax:
         return f"{self.op}({', '.join(str(a) for a in self.args)})"
 
 
-Atom = Union[Var, FloorDiv, Mod, MinMax]
+Atom = Union[Var, FloorDiv, Mod, MinMax]  # noqa: UP007 (a runtime alias)
 
 
 def _paren(s: Sym) -> str:
@@ -109,7 +110,7 @@ class Sym:
     def __rsub__(self, other: int | Sym) -> Sym:
         return Sym.of(other) - self
 
-    def __mul__(self, k: int) -> Sym:
+    def __mul__(self, k: int | Sym) -> Sym:
         if isinstance(k, Sym):
             if k.is_const():
                 k = k.const

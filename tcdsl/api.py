@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

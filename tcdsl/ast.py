@@ -36,7 +36,11 @@ def _span() -> Span:
 
 @dataclass(frozen=True)
 class Expr:
-    pass
+    """Base of expression nodes; every concrete node has a ``span`` field (see ``span_of``)."""
+
+
+def span_of(e: Expr) -> Span:
+    return getattr(e, "span", NOSPAN)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class SizeVal(TExpr):
     name: str
 
 
-Subscript = Union[Sym, TExpr]  # a quasi-affine subscript, or a data-dependent (gather) one
+Subscript = Union[Sym, TExpr]  # noqa: UP007 (a runtime alias): a quasi-affine subscript, or a data-dependent (gather) one
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ guard: the statement runs only where all its guards hold (padding by domain).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .affine import Sym, bounds
 from .checked import Access, CheckedDef, Statement

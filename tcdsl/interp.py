@@ -10,7 +10,8 @@ conversions, and floor ``/`` and ``%`` on integers.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _chunks(ranges: tuple[tuple[str, int, int], ...]) -> Iterator[list[tuple[int
     box = [(lo, hi) for _, lo, hi in ranges]
     stack = [box]
     while stack:
-        b = stack.pop()
+        b = list(stack.pop())
         if math.prod(hi - lo for lo, hi in b) <= CHUNK:
             yield b
             continue
@@ -77,9 +78,9 @@ def _chunk(bs: BoundStmt, chunk: list[tuple[int, int]], arrays: dict[str, np.nda
     n = len(chunk)
     env: dict[str, Any] = dict(sizes)
     for axis, ((name, _, _), (lo, hi)) in enumerate(zip(bs.ranges, chunk)):
-        shape = [1] * n
-        shape[axis] = hi - lo
-        env[name] = np.arange(lo, hi, dtype=np.int64).reshape(shape)
+        axis_shape = [1] * n
+        axis_shape[axis] = hi - lo
+        env[name] = np.arange(lo, hi, dtype=np.int64).reshape(axis_shape)
     mask = None
     for g in bs.guards:
         v = g.sub.eval(env)
@@ -220,7 +221,7 @@ def _erf(x: Any) -> Any:
     return np.sign(x) * np.where(ax < 3.0, series, tail)
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[..., Any]] = {
     "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1 / np.sqrt(x), "cbrt": np.cbrt, "tanh": np.tanh,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "erf": _erf, "floor": np.floor, "ceil": np.ceil,
@@ -229,7 +230,7 @@ _UNARY = {
     "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
     "atanh": np.arctanh,
 }
-_NARY = {
+_NARY: dict[str, Callable[..., Any]] = {
     "pow": np.power, "fmax": np.fmax, "fmin": np.fmin, "atan2": np.arctan2, "fmod": np.fmod,
     "min": np.minimum, "max": np.maximum, "fma": lambda a, b, c: a * b + c,
 }

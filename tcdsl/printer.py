@@ -90,7 +90,8 @@ def output(o: A.Output) -> str:
 
 
 def definition(d: A.Def, indent: str = "  ") -> str:
-    head = f"def {d.name.name}({', '.join(param(p) for p in d.params)}) -> ({', '.join(output(o) for o in d.outputs)}) {{"
+    params = ", ".join(param(p) for p in d.params)
+    head = f"def {d.name.name}({params}) -> ({', '.join(output(o) for o in d.outputs)}) {{"
     body = [indent + stmt(s) for s in d.stmts]
     return "\n".join([head, *body, "}"])
 

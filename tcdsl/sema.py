@@ -12,8 +12,23 @@ from dataclasses import dataclass, field
 from . import ast as A
 from . import dtypes as T
 from .affine import Sym, floordiv, mod, smax, smin
-from .checked import (Access, Binop, Call, CheckedDef, Const, Convert, IndexVal, Read, Select, SizeVal, Statement,
-                      Tensor, TExpr, Unop, convert)
+from .checked import (
+    Access,
+    Binop,
+    Call,
+    CheckedDef,
+    Const,
+    Convert,
+    IndexVal,
+    Read,
+    Select,
+    SizeVal,
+    Statement,
+    Tensor,
+    TExpr,
+    Unop,
+    convert,
+)
 from .errors import TcRangeError, TcSemanticError, TcTypeError
 from .printer import expr as print_expr
 from .ranges import infer
@@ -83,7 +98,8 @@ class _DefChecker:
         names: dict[str, A.Span] = {}
         for p in self.d.params:
             if p.name.name in names:
-                raise _err(TcSemanticError, f"parameter '{p.name.name}' is declared twice in {self.what_def}", p.name.span)
+                raise _err(TcSemanticError, f"parameter '{p.name.name}' is declared twice in {self.what_def}",
+                           p.name.span)
             names[p.name.name] = p.name.span
             dims = tuple(self._dim(dim) for dim in (p.dims or ()))
             t = Tensor(p.name.name, p.type, dims, "input", p.span)
@@ -99,16 +115,17 @@ class _DefChecker:
             if n in self.declared_outputs:
                 raise _err(TcSemanticError, f"output '{n}' is listed twice in {self.what_def}", o.name.span)
             if n in self.sizes:
-                raise _err(TcSemanticError, f"'{n}' is both a size symbol and an output in {self.what_def}", o.name.span)
+                raise _err(TcSemanticError, f"'{n}' is both a size symbol and an output in {self.what_def}",
+                           o.name.span)
             self.declared_outputs[n] = o
             if o.type is not None:
-                dims = []
+                out_dims: list[Sym] = []
                 for dim in o.dims or ():
                     if dim.name is not None and dim.name not in self.sizes:
                         raise _err(TcSemanticError, f"size symbol '{dim.name}' of output '{n}' is not a size of any "
                                    f"input of {self.what_def}", dim.span)
-                    dims.append(Sym.var(dim.name, "size") if dim.name is not None else Sym.of(dim.value or 0))
-                self.shaped[n] = Tensor(n, o.type, tuple(dims), "output", o.span)
+                    out_dims.append(Sym.var(dim.name, "size") if dim.name is not None else Sym.of(dim.value or 0))
+                self.shaped[n] = Tensor(n, o.type, tuple(out_dims), "output", o.span)
 
     def _dim(self, dim: A.Dim) -> Sym:
         if dim.name is None:
@@ -184,10 +201,10 @@ class _DefChecker:
                 raise _err(TcRangeError, f"where clause gives a range to '{n}', which {what} does not use", sp)
         reductions = [i for i in scope.index_order if i not in lhs]
         if s.op == "=" and reductions:
-            r = reductions[0]
-            raise _err(TcSemanticError, f"index '{r}' appears only on the right of {what}, so it is a reduction "
-                       f"index, but '=' does not reduce; use '+=!' (or another reduction) or put '{r}' on the left",
-                       scope.index_spans[r])
+            first = reductions[0]
+            raise _err(TcSemanticError, f"index '{first}' appears only on the right of {what}, so it is a "
+                       f"reduction index, but '=' does not reduce; use '+=!' (or another reduction) or put "
+                       f"'{first}' on the left", scope.index_spans[first])
         if red is not None:
             for acc in scope.accesses:
                 if acc.tensor == name:
@@ -219,8 +236,8 @@ class _DefChecker:
             for r, extent in zip(index_ranges, existing.dims):
                 over = r.hi - extent
                 if over.is_const() and over.const > 0:
-                    raise _err(TcRangeError, f"index '{r.name}' ranges over {r.lo}:{r.hi}, past dim {lhs.index(r.name)} "
-                               f"of '{name}' ({extent})", spans[r.name])
+                    raise _err(TcRangeError, f"index '{r.name}' ranges over {r.lo}:{r.hi}, past dim "
+                               f"{lhs.index(r.name)} of '{name}' ({extent})", spans[r.name])
         self.written.add(name)
         target = self.shaped[name]
         return Statement(number, name, tuple(lhs), tuple(reductions), "=" if red is None else red, s.init,
@@ -245,7 +262,7 @@ class _DefChecker:
         if isinstance(e, A.Binary) and e.op in _ARITH:
             a, b = self._size_expr(e.lhs), self._size_expr(e.rhs)
             return self._affine_op(e, a, b)
-        raise _err(TcRangeError, "a range bound must be an integer expression of sizes and literals", e.span)
+        raise _err(TcRangeError, "a range bound must be an integer expression of sizes and literals", A.span_of(e))
 
     def _affine_op(self, e: A.Binary, a: Sym, b: Sym) -> Sym:
         if e.op == "+":
@@ -257,8 +274,8 @@ class _DefChecker:
                 return a * b
             raise _err(TcSemanticError, "a product of two non-constant terms is not affine", e.span)
         if not b.is_const() or b.const <= 0:
-            raise _err(TcSemanticError, f"'{e.op}' in a subscript or range needs a positive integer literal on the right",
-                       e.span)
+            raise _err(TcSemanticError, f"'{e.op}' in a subscript or range needs a positive integer literal on "
+                       f"the right", e.span)
         return floordiv(a, b.const) if e.op == "/" else mod(a, b.const)
 
     # ---- subscripts ----
@@ -323,10 +340,11 @@ class _DefChecker:
                 continue
             g = self._expr(arg, scope)
             if not (T.is_int(g.dtype) or g.dtype == "bool"):
-                raise _err(TcTypeError, f"subscript of '{e.name}' has type {g.dtype}; subscripts are integers", arg.span)
+                raise _err(TcTypeError, f"subscript of '{e.name}' has type {g.dtype}; subscripts are integers",
+                           A.span_of(arg))
             if not _contains_read(g):
-                raise _err(TcSemanticError, f"subscript '{print_expr(arg)}' of '{e.name}' is neither affine in indices and "
-                           f"sizes nor data-dependent", arg.span)
+                raise _err(TcSemanticError, f"subscript '{print_expr(arg)}' of '{e.name}' is neither affine in "
+                           f"indices and sizes nor data-dependent", A.span_of(arg))
             subs.append(convert(g, "int64"))
             affine.append(None)
         acc = Access(e.name, tuple(affine), kind, e.span)
