@@ -91,14 +91,18 @@ def _intersect(name: str, cands: list[Bound], spans: dict[str, A.Span], show: di
                what: str) -> tuple[Sym, Sym]:
     first = cands[0]
     for other in cands[1:]:
-        for side in ("lo", "hi"):
-            if sign_of(getattr(other, side) - getattr(first, side)) is None:
-                a, b = _origin(first, show), _origin(other, show)
-                raise TcRangeError(
-                    f"the range of index '{name}' in {what} is ambiguous: {a} gives {first.lo}:{first.hi} but "
-                    f"{b} gives {other.lo}:{other.hi}; use one size symbol for both dims or write "
-                    f"`where {name} in lo:hi`", spans[name].location())
+        ordered = all(sign_of(getattr(other, side) - getattr(first, side)) is not None for side in ("lo", "hi"))
+        if not ordered and _sizes(other) != _sizes(first):
+            a, b = _origin(first, show), _origin(other, show)
+            raise TcRangeError(
+                f"the range of index '{name}' in {what} is ambiguous: {a} gives {first.lo}:{first.hi} but "
+                f"{b} gives {other.lo}:{other.hi}; use one size symbol for both dims or write "
+                f"`where {name} in lo:hi`", spans[name].location())
     return smax(*(c.lo for c in cands)), smin(*(c.hi for c in cands))
+
+
+def _sizes(b: Bound) -> frozenset[str]:
+    return frozenset(v.name for v in (b.lo.free_vars() | b.hi.free_vars()) if v.kind == "size")
 
 
 def _origin(b: Bound, show: dict[int, str]) -> str:
