@@ -19,7 +19,7 @@ from . import ast as A
 from . import dtypes as T
 from . import interp
 from .checked import CheckedDef
-from .errors import TcArgumentError, TcError
+from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
 from .sema import check_def, check_module
@@ -84,9 +84,15 @@ class ShortForm:
 
     def __init__(self, source: str, filename: str, outputs: Sequence[str] | None, backend: str | None) -> None:
         self.stmts = parse_statements(source, filename)
+        if not self.stmts:
+            raise TcSyntaxError("the source holds no def and no statement", locate(SourceFile(filename, source), 1, 1))
         self.source = source
         self.outputs = tuple(outputs) if outputs else None
         self.backend = backend
+        written = {s.lhs.name for s in self.stmts}
+        for o in self.outputs or ():
+            if o not in written:
+                raise TcSemanticError(f"output '{o}' is never written by the statements", self.stmts[0].span.location())
 
     def __call__(self, fn: Callable[..., Any]) -> GenericKernel:
         if not callable(fn):
@@ -160,7 +166,10 @@ class Library(SimpleNamespace):
     """The kernels of a multi-def source, by def name (attributes, ``lib["name"]``, iteration)."""
 
     def __getitem__(self, name: str) -> Kernel:
-        return getattr(self, name)
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
 
     def __iter__(self) -> Iterator[Kernel]:
         return iter(vars(self).values())
@@ -178,8 +187,6 @@ def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | 
     if is_short_form(source):
         return ShortForm(source, filename, outputs, backend)
     module = parse(source, filename)
-    if not module.defs:
-        raise TcArgumentError("the source holds no def")
     kernels = [Kernel(c, backend) for c in check_module(module)]
     if len(kernels) == 1:
         return kernels[0]
@@ -241,16 +248,18 @@ def _check_out(checked: CheckedDef, inst: Instance, out: Any) -> list[np.ndarray
         return None
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(outs) != len(checked.outputs):
-        raise TcArgumentError(f"out= holds {len(outs)} arrays but {checked.name} has {len(checked.outputs)} outputs")
+        raise TcArgumentError(f"out= holds {len(outs)} arrays but {checked.name} has {len(checked.outputs)} outputs",
+                              checked.source.name.span.location())
     for t, dst in zip(checked.outputs, outs):
         if not isinstance(dst, np.ndarray):
-            raise TcArgumentError(f"out= for '{t.name}' is a {type(dst).__name__}, not a numpy array")
+            raise TcArgumentError(f"out= for '{t.name}' is a {type(dst).__name__}, not a numpy array",
+                                  t.span.location())
         want = inst.shapes[t.name]
         if dst.shape != want or T.from_numpy(dst.dtype) != t.dtype:
             raise TcArgumentError(f"out= for '{t.name}' must be {t.dtype} with shape {want}, got {dst.dtype} "
-                                  f"with shape {dst.shape}")
+                                  f"with shape {dst.shape}", t.span.location())
         if not dst.flags.writeable:
-            raise TcArgumentError(f"out= for '{t.name}' is read-only")
+            raise TcArgumentError(f"out= for '{t.name}' is read-only", t.span.location())
     return outs
 
 

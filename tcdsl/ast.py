@@ -20,7 +20,9 @@ class Span:
     end_line: int
     end_col: int
 
-    def location(self) -> Location:
+    def location(self) -> Location | None:
+        if self.line <= 0:
+            return None
         return locate(self.src, self.line, self.col, self.end_line, self.end_col)
 
 

@@ -294,9 +294,9 @@ DEFS: list[Case] = [
          "    O(i) += A(i, r)\n"
          "    Mx(i) = B(i)\n"
          "    Mx(i) max= A(i, r)\n"
-         "    Mn(i) = 0.0\n"
+         "    Mn(i) = 0.0 where exists B(i)\n"
          "    Mn(i) min= A(i, r)\n"
-         "    P(i) = 2.0\n"
+         "    P(i) = 2.0 where exists B(i)\n"
          "    P(i) *= A(i, r)\n"
          "}",
          (Arr("float32", (4, 5), 0.5, 1.5), Arr("float32", (4,), 0.0, 3.0)),
@@ -310,7 +310,7 @@ DEFS: list[Case] = [
          lambda I, W: _conv(I, W), 1e-5),
     Case("conv2d_bias",
          "def conv_bias(float(N, C, H, W) I, float(F, C, KH, KW) Wt, float(F) Bias) -> (O) {\n"
-         "    O(n, f, h, w) = Bias(f) where exists I(n, 0, h + KH - 1, w + KW - 1)\n"
+         "    O(n, f, h, w) = Bias(f) where n in 0:N, h in 0:H - KH + 1, w in 0:W - KW + 1\n"
          "    O(n, f, h, w) += I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)\n"
          "}",
          (Arr("float32", (1, 2, 6, 5)), Arr("float32", (3, 2, 2, 3)), Arr("float32", (3,))),
@@ -558,7 +558,7 @@ DEFS: list[Case] = [
          (Arr("float32", (6,)),),
          lambda A: (_f(((A.astype(f64) + 1) * 2).sum()), A + f32(1), (A + f32(1)) * f32(2)), 1e-5),
     Case("transposes",
-         "def tr(float(M, N) A, float(N, C, H, W) I) -> (T, O) {\n"
+         "def tr(float(M, N) A, float(B, C, H, W) I) -> (T, O) {\n"
          "    T(j, i) = A(i, j)\n"
          "    O(n, h, w, c) = I(n, c, h, w)\n"
          "}",

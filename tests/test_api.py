@@ -545,7 +545,8 @@ def test_dtype_error(mmx: tc.Kernel) -> None:
     assert ei.value.message == "'A' is declared float32 but the argument has dtype float64"
     assert (ei.value.location.line, ei.value.location.col) == (2, 5)
     for dt in (np.float16, np.int32, np.complex64, np.bool_):
-        with pytest.raises(tc.TcArgumentError, match=f"'B' is declared float32 but the argument has dtype {np.dtype(dt)}"):
+        msg = f"'B' is declared float32 but the argument has dtype {np.dtype(dt)}"
+        with pytest.raises(tc.TcArgumentError, match=msg):
             mmx(np.ones((2, 3), np.float32), np.ones((3, 2), dt))
 
 

@@ -1,0 +1,145 @@
+"""Scop: ``Instance -> Scop``, the polyhedral model of a checked def (isl domains and accesses).
+
+Each TC statement becomes an update statement ``S<n>`` over all its indices and, for the ``!``
+forms, an initialisation ``init<n>`` over its left-hand side. Domains hold the index ranges and
+the padding-by-domain guards; reads and writes are isl maps to the tensors (gathered dims are
+over-approximated by the whole dim); ``order`` is the textual program order. Sizes are fixed to
+the instance's values (the default) or kept as isl parameters (``parametric=True``).
+Every isl name is generated here (``t_<tensor>``, ``S<n>``), so TC names never reach isl's parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from tcdsl.affine import Sym
+from tcdsl.checked import Statement
+from tcdsl.instance import Instance
+
+
+@dataclass(frozen=True)
+class ScopStmt:
+    name: str  # isl statement name
+    number: int  # the TC statement (1-based)
+    kind: str  # "init" or "update"
+    indices: tuple[str, ...]  # TC index names, in the order of the isl tuple
+
+    @property
+    def lhs_rank(self) -> int:
+        return len(self.indices) if self.kind == "init" else -1
+
+
+@dataclass(frozen=True)
+class Scop:
+    inst: Instance
+    parametric: bool
+    stmts: tuple[ScopStmt, ...]
+    arrays: dict[str, str]  # TC tensor name -> isl array name
+    domain: isl.UnionSet = field(compare=False)
+    reads: isl.UnionMap = field(compare=False)
+    writes: isl.UnionMap = field(compare=False)
+    order: isl.UnionMap = field(compare=False)
+    context: isl.Set = field(compare=False)
+
+    def stmt(self, name: str) -> ScopStmt:
+        return next(s for s in self.stmts if s.name == name)
+
+    def tc_statement(self, name: str) -> Statement:
+        return self.inst.checked.stmts[self.stmt(name).number - 1]
+
+    def tensor_of(self, array: str) -> str:
+        return next(k for k, v in self.arrays.items() if v == array)
+
+    def __str__(self) -> str:
+        lines = [f"scop {self.inst.checked.name}" + (" (parametric)" if self.parametric else
+                                                     f" ({', '.join(f'{k}={v}' for k, v in self.inst.sizes.items())})")]
+        for s in self.stmts:
+            st = self.inst.checked.stmts[s.number - 1]
+            lines.append(f"  {s.name}: {s.kind} of statement {s.number} (line {st.span.line}), writes {st.tensor}")
+        lines += [f"  domain: {self.domain}", f"  reads: {self.reads}", f"  writes: {self.writes}",
+                  f"  order: {self.order}"]
+        return "\n".join(lines)
+
+
+def build_scop(inst: Instance, parametric: bool = False) -> Scop:
+    c = inst.checked
+    arrays = {t.name: f"t_{t.name}" for t in (*c.inputs, *c.outputs, *c.temps)}
+    shapes = {t.name: t.dims for t in (*c.inputs, *c.outputs, *c.temps)}
+    sizes = inst.sizes
+    params = "[" + ", ".join(f"p_{s}" for s in c.sizes) + "] -> " if parametric else ""
+
+    def sym(s: Sym, idx: dict[str, str]) -> str:
+        env = {k: Sym.var(v, "index") for k, v in idx.items()}
+        if parametric:
+            env.update({k: Sym.var(f"p_{k}", "size") for k in c.sizes})
+        else:
+            env.update({k: Sym.of(v) for k, v in sizes.items()})
+        return s.subs(env).isl()
+
+    depth = max((len(s.ranges) for s in c.stmts), default=0)
+    stmts: list[ScopStmt] = []
+    domains, reads, writes, order = [], [], [], []
+    for bs, s in zip(inst.stmts, c.stmts):
+        idx = {name: f"i{k}" for k, name in enumerate(s.indices)}
+        tup = ", ".join(idx[i] for i in s.indices)
+        lhs_tup = ", ".join(idx[i] for i in s.lhs)
+        box = [f"{sym(r.lo, idx)} <= {idx[r.name]} < {sym(r.hi, idx)}" for r in s.ranges]
+        target = arrays[s.tensor]
+        if s.init:
+            name = f"init{s.number}"
+            stmts.append(ScopStmt(name, s.number, "init", s.lhs))
+            cons = " and ".join(box[: len(s.lhs)]) or "true"
+            domains.append(f"{name}[{lhs_tup}] : {cons}")
+            writes.append(f"{name}[{lhs_tup}] -> {target}[{lhs_tup}]")
+            order.append(f"{name}[{lhs_tup}] -> [{_pad([str(s.number), '0', *(idx[i] for i in s.lhs)], depth)}]")
+        name = f"S{s.number}"
+        stmts.append(ScopStmt(name, s.number, "update", s.indices))
+        guards = []
+        if parametric:
+            for acc in s.accesses:
+                for d, sub in enumerate(acc.subs):
+                    if sub is not None:
+                        guards.append(f"0 <= {sym(sub, idx)} < {sym(shapes[acc.tensor][d], idx)}")
+        else:
+            for g in bs.guards:
+                guards.append(f"0 <= {sym(g.sub, idx)} < {g.extent}")
+        cons = " and ".join(box + guards) or "true"
+        domains.append(f"{name}[{tup}] : {cons}")
+        writes.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
+        if s.op != "=":
+            reads.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
+        for acc in s.accesses:
+            if acc.kind != "read":
+                continue
+            outs, extra = [], []
+            for d, sub in enumerate(acc.subs):
+                if sub is None:
+                    var = f"g{d}"
+                    outs.append(var)
+                    extra.append(f"0 <= {var} < {sym(shapes[acc.tensor][d], idx)}")
+                else:
+                    outs.append(sym(sub, idx))
+            cond = (" : " + " and ".join(extra)) if extra else ""
+            reads.append(f"{name}[{tup}] -> {arrays[acc.tensor]}[{', '.join(outs)}]{cond}")
+        order.append(f"{name}[{tup}] -> [{_pad([str(s.number), '1', *(idx[i] for i in s.indices)], depth)}]")
+    ctx_text = params + "{ : " + (" and ".join(f"p_{k} >= 1" for k in c.sizes) or "true") + " }" \
+        if parametric else "{ : }"
+    domain = _union_set(params, domains)
+    return Scop(inst, parametric, tuple(stmts), arrays, domain,
+                _union_map(params, reads).intersect_domain(domain),
+                _union_map(params, writes).intersect_domain(domain),
+                _union_map(params, order).intersect_domain(domain), isl.Set(ctx_text))
+
+
+def _pad(items: list[str], depth: int) -> str:
+    return ", ".join(items + ["0"] * (depth + 2 - len(items)))
+
+
+def _union_set(params: str, parts: list[str]) -> isl.UnionSet:
+    return isl.UnionSet(params + "{ " + "; ".join(parts) + " }")
+
+
+def _union_map(params: str, parts: list[str]) -> isl.UnionMap:
+    return isl.UnionMap(params + "{ " + "; ".join(parts) + " }")
