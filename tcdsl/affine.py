@@ -190,10 +190,10 @@ class Sym:
 
     def isl(self) -> str:
         """The expression in isl's syntax (floor divisions spelled ``floor((e)/k)``)."""
-        parts = [str(self.const)]
+        text = str(self.const)
         for a, c in self.terms:
-            parts.append(f"({c})*({_isl_atom(a)})")
-        return " + ".join(parts)
+            text += f" {'+' if c > 0 else '-'} {abs(c)}*{_isl_atom(a)}"
+        return text
 
 
 def _eval_atom(a: Atom, env: Mapping[str, Any]) -> Any:

@@ -111,12 +111,17 @@ def _origin(b: Bound, show: dict[int, str]) -> str:
 
 def _unsolved_message(name: str, accesses: list[tuple[Access, tuple[Sym, ...]]], show: dict[int, str],
                       what: str) -> str:
-    shared = [show.get(id(acc), acc.tensor) for acc, _ in accesses
-              if any(s is not None and name in s.indices() for s in acc.subs)]
-    if not shared:
+    uses = [(show.get(id(acc), acc.tensor), s) for acc, _ in accesses for s in acc.subs
+            if s is not None and name in s.indices()]
+    if not uses:
         reason = "it is not used in any tensor subscript"
         hint = f"write `where {name} in lo:hi` or `where exists T({name}, ...)`"
+    elif all(s.indices() == {name} for _, s in uses):
+        reason = "its subscripts do not bound it (a modulo or a nested use), in " + \
+            ", ".join(dict.fromkeys(t for t, _ in uses))
+        hint = f"write `where {name} in lo:hi`"
     else:
-        reason = "it only appears in subscripts together with other unknown indices, in " + ", ".join(shared)
+        reason = "it only appears in subscripts together with other unknown indices, in " + \
+            ", ".join(dict.fromkeys(t for t, _ in uses))
         hint = f"write `where {name} in lo:hi`"
     return f"cannot infer the range of index '{name}' in {what}: {reason}; {hint}"

@@ -17,7 +17,8 @@ The reference interpreter (``backend="numpy"``) is checked against these in
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -385,7 +386,8 @@ DEFS: list[Case] = [
          (Arr("float32", (2, 3, 4, 5), -2.0, 2.0), Arr("float32", (3,)), Arr("float32", (3,))),
          _batchnorm, 1e-4),
     Case("elementwise_math",
-         "def ew(float(N) A, float(N) B, float(N) C) -> (Relu, Sig, Th, Er, Ab, Fa, Pw, At, Fm, Fmn, Fmx, MnMx, Esl) {\n"
+         "def ew(float(N) A, float(N) B, float(N) C)\n"
+         "        -> (Relu, Sig, Th, Er, Ab, Fa, Pw, At, Fm, Fmn, Fmx, MnMx, Esl) {\n"
          "    Relu(i) = fmax(A(i), 0.0)\n"
          "    Sig(i) = sigmoid(A(i))\n"
          "    Th(i) = tanh(A(i))\n"
@@ -564,4 +566,85 @@ DEFS: list[Case] = [
          "}",
          (Arr("float32", (3, 5)), Arr("float32", (2, 3, 4, 5))),
          lambda A, I: (A.T.copy(), I.transpose(0, 2, 3, 1).copy()), 0),
+    Case("diagonal_trace",
+         "def diag(float(N, N) A) -> (Tr, D) {\n"
+         "    Tr +=! A(i, i)\n"
+         "    D(i) = A(i, i)\n"
+         "}",
+         (Arr("float32", (5, 5)),),
+         lambda A: (_f(np.trace(A.astype(f64))), np.diag(A).copy()), 1e-6),
+    Case("tril_mask",
+         "def tril(float(N, N) A) -> (L) { L(i, j) = j <= i ? A(i, j) : 0.0 }",
+         (Arr("float32", (4, 4)),),
+         lambda A: np.tril(A), 0),
+    Case("conv1d_padded_sum_prod_max",
+         "def c1(float(N) A, float(3) K) -> (S, P, M) {\n"
+         "    S(h) +=! A(h + k - 1) * K(k) where h in 0:N\n"
+         "    P(h) *=! A(h + k - 1) where h in 0:N, k in 0:3\n"
+         "    M(h) max=! A(2*h + k - 1) where h in 0:(N + 1) / 2, k in 0:3\n"
+         "}",
+         (Arr("float32", (7,), 0.5, 2.0), Arr("float32", (3,))),
+         lambda A, K: (_f(sum(np.pad(A.astype(f64), 1)[k:k + 7] * K[k] for k in range(3))),
+                       _f(np.prod([np.pad(A.astype(f64), 1, constant_values=1)[k:k + 7] for k in range(3)], axis=0)),
+                       np.max([np.pad(A, 1, constant_values=-np.inf)[k:k + 7:2] for k in range(3)], axis=0)), 1e-5),
+    Case("reduction_subranges",
+         "def sub(float(M, K) A) -> (Tail, Padded) {\n"
+         "    Tail(i) +=! A(i, k) where k in 1:K\n"
+         "    Padded(i) +=! A(i, k) where k in 0:K + 2\n"
+         "}",
+         (Arr("float32", (3, 5)),),
+         lambda A: (_f(A[:, 1:].astype(f64).sum(1)), _f(A.astype(f64).sum(1))), 1e-5),
+    Case("floor_subscripts",
+         "def fs(float(N) A) -> (Dv, Md, Ix) {\n"
+         "    Dv(i) = A((i - 3) / 2 + 2) where i in 0:6\n"
+         "    Md(i) = A((i - 4) % 3) where i in 0:6\n"
+         "    Ix(i) = i / 2 - i % 2 + (i - 5) / 2 + (i - 5) % 3 where exists A(i)\n"
+         "}",
+         (Arr("float32", (5,)),),
+         lambda A: (A[(np.arange(6) - 3) // 2 + 2], A[(np.arange(6) - 4) % 3],
+                    (lambda i: i // 2 - i % 2 + (i - 5) // 2 + (i - 5) % 3)(np.arange(5, dtype=np.int32))), 0),
+    Case("contraction_odd_views",
+         "def odd(float(N, K) A, float(K) B, float alpha) -> (Rev, Up, Conv) {\n"
+         "    Rev(i) +=! A(N - 1 - i, k) * B(k)\n"
+         "    Up(i) +=! alpha * A(i / 2, k) * B(k) where i in 0:2*N\n"
+         "    Conv(i) +=! A(i + k, 0) * B(k)\n"
+         "}",
+         (Arr("float32", (6, 3)), Arr("float32", (3,)), -1.5),
+         lambda A, B, al: (_f(A[::-1].astype(f64) @ B), _f(al * np.repeat(A.astype(f64) @ B, 2)),
+                           _f(np.array([A[i:i + 3, 0].astype(f64) @ B for i in range(4)]))), 1e-5),
+    Case("let_in_reduction",
+         "def lr(float(M, K) A) -> (S) { S(i) +=! v * v where v = A(i, k) - 0.5 }",
+         (Arr("float32", (3, 7)),),
+         lambda A: _f(((A.astype(f64) - 0.5) ** 2).sum(1)), 1e-5),
+    Case("bool_uint8_reductions",
+         "def br(bool(M, N) Bo, uint8(M, N) U) -> (Any, All, Mn, P, Cnt) {\n"
+         "    Any(i) max=! Bo(i, j)\n"
+         "    All(i) min=! Bo(i, j)\n"
+         "    Mn(i) min=! U(i, j)\n"
+         "    P(i) *=! U(i, j)\n"
+         "    Cnt(i) +=! Bo(i, j) ? 1 : 0\n"
+         "}",
+         (Arr("bool", (6, 3)), Arr("uint8", (6, 3), 0, 256)),
+         lambda Bo, U: (Bo.any(1), Bo.all(1), U.min(1), U.prod(1, dtype=np.uint8),
+                        Bo.sum(1, dtype=np.int32)), 0),
+    Case("mixed_typing",
+         "def mt(uint8(N) U, float(N) A, int32(N) K) -> (Neg, Mix, Cmp, NotF, Ab) {\n"
+         "    Neg(i) = -U(i)\n"
+         "    Mix(i) = K(i) > 0 ? 1 : 2.5\n"
+         "    Cmp(i) = K(i) < 0.5\n"
+         "    NotF(i) = !A(i)\n"
+         "    Ab(i) = abs(K(i)) + min(K(i), 1)\n"
+         "}",
+         (Arr("uint8", (9,), 0, 256), np.array([0, 2, -1, 0, 0.5, -3, 0, 1, 0], np.float32),
+          Arr("int32", (9,), -3, 3)),
+         lambda U, A, K: (-U.astype(np.int32), np.where(K > 0, f32(1), f32(2.5)), K < 0.5, A == 0,
+                          np.abs(K) + np.minimum(K, 1)), 0),
+    Case("typed_output_partial_write",
+         "def tp(float(N) A) -> (float(N) O, double(N) D) {\n"
+         "    O(i) = A(i) + 1.0 where i in 0:2\n"
+         "    D(i) = A(i)\n"
+         "    D(i) = D(i) * 2.0 + 1.0\n"
+         "}",
+         (Arr("float32", (5,)),),
+         lambda A: (np.concatenate([A[:2] + f32(1), np.zeros(3, f32)]), A.astype(f64) * 2 + 1), 0),
 ]

@@ -1,0 +1,69 @@
+"""Scheduling: ``Scop x Deps x MappingOptions -> isl.Schedule`` with isl's scheduler.
+
+Validity is every dependence; proximity and coincidence are the dependences too. The fusion
+strategy sets isl's options around the call (Max: whole components; Preserve: maximise
+coincidence; Min: one nest per SCC) and restores them afterwards. ``check_legal`` is the
+invariant every transformation must keep.
+"""
+
+from __future__ import annotations
+
+from tcdsl import knobs
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+import islpy as isl
+
+from tcdsl.errors import TcScheduleError
+from tcdsl.options import MappingOptions
+
+from .deps import Deps, respects, violated
+from .scop import Scop
+
+_STRATEGY = {
+    "max": {"schedule_whole_component": 1},
+    "preserve": {"schedule_maximize_coincidence": 1},
+    "min": {"schedule_serialize_sccs": 1},
+}
+
+
+@contextmanager
+def _isl_options(ctx: isl.Context, values: dict[str, int]) -> Iterator[None]:
+    saved = {k: getattr(ctx, f"get_{k}")() for k in values}
+    try:
+        for k, v in values.items():
+            getattr(ctx, f"set_{k}")(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            getattr(ctx, f"set_{k}")(v)
+
+
+def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
+    """isl's schedule for the scop under the options' fusion strategy (program order if the
+    scheduler gives up within its operation budget)."""
+    ctx = scop.domain.get_ctx()
+    dep = deps.all
+    sc = (isl.ScheduleConstraints.on_domain(scop.domain).set_context(scop.context)
+          .set_validity(dep).set_proximity(dep).set_coincidence(dep))
+    budget = knobs.isl_max_operations()
+    try:
+        with _isl_options(ctx, _STRATEGY[options.fusion]):
+            ctx.set_max_operations(budget)
+            ctx.reset_operations()
+            try:
+                sched = sc.compute_schedule()
+            finally:
+                ctx.set_max_operations(0)
+    except isl.Error:
+        sched = isl.Schedule.from_domain(scop.domain).insert_partial_schedule(
+            isl.MultiUnionPwAff.from_union_map(scop.order))
+    check_legal(sched, deps)
+    return sched
+
+
+def check_legal(sched: isl.Schedule, deps: Deps) -> None:
+    """Raise TcScheduleError unless every dependence goes forward in ``sched``."""
+    smap = sched.get_map()
+    if not respects(deps.all, smap):
+        raise TcScheduleError(f"schedule violates dependences: {violated(deps.all, smap)}")

@@ -1,0 +1,46 @@
+"""Knobs: every environment variable tcdsl reads, declared once (all named ``TCDSL_*``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def check_schedule() -> bool:
+    """TCDSL_CHECK_SCHEDULE: check that every dependence holds after each schedule transformation
+    (always checked once after the whole pass)."""
+    return _flag("TCDSL_CHECK_SCHEDULE")
+
+
+def isl_max_operations() -> int:
+    """TCDSL_ISL_MAX_OPERATIONS: the isl scheduler's operation budget before it falls back to the
+    program order (default 2,000,000)."""
+    return int(os.environ.get("TCDSL_ISL_MAX_OPERATIONS", "2000000"))
+
+
+def cache_dir() -> Path:
+    """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``)."""
+    if os.environ.get("TCDSL_CACHE_DIR"):
+        return Path(os.environ["TCDSL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tcdsl"
+
+
+def force_recompile() -> bool:
+    """TCDSL_FORCE_RECOMPILE: ignore the on-disk cache of compiled kernels."""
+    return _flag("TCDSL_FORCE_RECOMPILE")
+
+
+def dump_dir() -> Path | None:
+    """TCDSL_DUMP_DIR: if set, write each stage's text (scop, schedule, C) there."""
+    d = os.environ.get("TCDSL_DUMP_DIR")
+    return Path(d) if d else None
+
+
+def debug() -> bool:
+    """TCDSL_DEBUG: show tcdsl's internal frames in tracebacks of user errors."""
+    return _flag("TCDSL_DEBUG")

@@ -1,0 +1,61 @@
+"""MappingOptions: the one knob object that enters the schedule stage (frozen, JSON round trip).
+
+CPU knobs: fusion strategy, tile sizes, register tiles (unroll-and-jam), point-loop order,
+vectorisation, OpenMP and the depth of the parallel loop. ``None`` means "let the default
+heuristic decide" (see ``polyhedral.transform``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .errors import TcArgumentError
+
+FUSION = ("max", "preserve", "min")
+
+
+@dataclass(frozen=True)
+class MappingOptions:
+    fusion: str = "preserve"
+    tile: tuple[int, ...] | None = None  # per band member, outermost first; 0 or 1 leaves a member untiled
+    register_tile: tuple[int, ...] | None = None  # unroll-and-jam factors of the point loops
+    point_order: tuple[int, ...] | None = None  # a permutation of the point band's members
+    vectorize: bool = True
+    openmp: bool = True
+    parallel_depth: int = 0  # which parallel loop level gets `omp parallel for` (0: outermost)
+    unroll: int = 0  # fully unroll innermost point loops up to this trip count (0: off)
+
+    def __post_init__(self) -> None:
+        if self.fusion not in FUSION:
+            raise TcArgumentError(f"fusion must be one of {', '.join(FUSION)}, not {self.fusion!r}")
+        for name in ("tile", "register_tile", "point_order"):
+            v = getattr(self, name)
+            if v is not None:
+                v = tuple(int(x) for x in v)
+                if any(x < 0 for x in v):
+                    raise TcArgumentError(f"{name} entries must be non-negative: {v}")
+                object.__setattr__(self, name, v)
+        if self.point_order is not None and sorted(self.point_order) != list(range(len(self.point_order))):
+            raise TcArgumentError(f"point_order must be a permutation of 0..n-1, not {self.point_order}")
+        if self.parallel_depth < 0 or self.unroll < 0:
+            raise TcArgumentError("parallel_depth and unroll must be non-negative")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MappingOptions:
+        data: dict[str, Any] = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise TcArgumentError(f"unknown mapping options: {', '.join(sorted(unknown))}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    def with_(self, **changes: Any) -> MappingOptions:
+        return replace(self, **changes)
+
+    def key(self) -> str:
+        return self.to_json()
