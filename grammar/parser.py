@@ -53,6 +53,12 @@ def _run(src: SourceFile, start: str) -> Any:
         tree = _lark().parse(src.text, start=start)
     except UnexpectedInput as e:
         raise _translate(src, e) from None
+    names = sorted(tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"),
+                   key=lambda t: (t.line, t.column))
+    for tok in names:
+        if str(tok) in RESERVED:
+            raise TcSyntaxError(f"'{tok}' is a keyword and cannot be used as a name",
+                                _tok_span(src, tok).location()) from None
     try:
         return _Build(src).transform(tree)
     except VisitError as e:
@@ -117,8 +123,10 @@ def _translate(src: SourceFile, e: UnexpectedInput) -> TcSyntaxError:
 
 
 def _end_position(src: SourceFile) -> tuple[int, int]:
-    lines = src.text.rstrip().splitlines() or [""]
-    return len(lines), len(lines[-1]) + 1
+    """Just after the last token (comments and trailing blanks skipped)."""
+    code = re.sub(r"(#|//)[^\n]*", lambda m: " " * len(m.group(0)), src.text)
+    lines = code.rstrip().splitlines() or [""]
+    return len(lines), len(lines[-1].rstrip()) + 1
 
 
 # ---- tree -> AST -------------------------------------------------------------------------------
@@ -141,13 +149,7 @@ class _Build(Transformer):
         self.src = src
 
     def _ident(self, tok: Token) -> A.Ident:
-        self._not_reserved(tok)
         return A.Ident(str(tok), _tok_span(self.src, tok))
-
-    def _not_reserved(self, tok: Token) -> None:
-        if str(tok) in RESERVED:
-            raise TcSyntaxError(f"'{tok}' is a keyword and cannot be used as a name",
-                                _tok_span(self.src, tok).location())
 
     def module(self, meta, defs):
         return A.Module(tuple(defs), self.src)
@@ -186,8 +188,8 @@ class _Build(Transformer):
     def dim(self, meta, items):
         tok = items[0]
         span = _tok_span(self.src, tok)
-        if tok.type == "NAME":
-            self._not_reserved(tok)
+        if tok.type == "FLOAT":
+            raise TcSyntaxError(f"unexpected '{tok}': a dim is a size symbol or an integer", span.location())
         if tok.type == "INT":
             return A.Dim(value=int(tok), span=span)
         return A.Dim(name=str(tok), span=span)
@@ -214,7 +216,6 @@ class _Build(Transformer):
 
     def where_exists(self, meta, items):
         name, *args = items
-        self._not_reserved(name)
         span = _span_of(self.src, meta)
         access = A.Apply(str(name), tuple(a for a in args if a is not None), span)
         return A.WhereExists(access, span)
@@ -249,12 +250,10 @@ class _Build(Transformer):
         return A.Num(value, True, _span_of(self.src, meta))
 
     def name(self, meta, items):
-        self._not_reserved(items[0])
         return A.Name(str(items[0]), _span_of(self.src, meta))
 
     def apply(self, meta, items):
         name, *args = items
-        self._not_reserved(name)
         return A.Apply(str(name), tuple(a for a in args if a is not None), _span_of(self.src, meta))
 
     def cast(self, meta, items):

@@ -100,7 +100,7 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
         if parametric:
             for acc in s.accesses:
                 for d, sub in enumerate(acc.subs):
-                    if sub is not None:
+                    if sub is not None and acc.kind != "cond":
                         guards.append(f"0 <= {sym(sub, idx)} < {sym(shapes[acc.tensor][d], idx)}")
         else:
             for g in bs.guards:
@@ -111,16 +111,19 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
         if s.op != "=":
             reads.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
         for acc in s.accesses:
-            if acc.kind != "read":
+            if acc.kind not in ("read", "cond"):
                 continue
             outs, extra = [], []
             for d, sub in enumerate(acc.subs):
+                extent = sym(shapes[acc.tensor][d], idx)
                 if sub is None:
                     var = f"g{d}"
                     outs.append(var)
-                    extra.append(f"0 <= {var} < {sym(shapes[acc.tensor][d], idx)}")
+                    extra.append(f"0 <= {var} < {extent}")
                 else:
                     outs.append(sym(sub, idx))
+                    if acc.kind == "cond":
+                        extra.append(f"0 <= {outs[-1]} < {extent}")
             cond = (" : " + " and ".join(extra)) if extra else ""
             reads.append(f"{name}[{tup}] -> {arrays[acc.tensor]}[{', '.join(outs)}]{cond}")
         order.append(f"{name}[{tup}] -> [{_pad([str(s.number), '1', *(idx[i] for i in s.indices)], depth)}]")

@@ -154,7 +154,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
             continue
         extent = max(extent, _extent(upa, dom))
         tc = scop.tc_statement(st.name)
-        subs_list = [acc.subs for acc in tc.accesses if acc.kind == "read"]
+        subs_list = [acc.subs for acc in tc.accesses if acc.kind in ("read", "cond")]
         subs_list.append(tuple(Sym.var(x, "index") for x in tc.lhs))
         for subs in subs_list:
             moves = [_move(sub, st.indices, direction) for sub in subs]

@@ -40,8 +40,12 @@ Subscript = Union[Sym, TExpr]  # noqa: UP007 (a runtime alias): a quasi-affine s
 
 @dataclass(frozen=True)
 class Read(TExpr):
+    """A tensor read. A ``conditional`` read (in a branch of ``?:`` or right of ``&&``/``||``)
+    does not bound the statement's domain: it is bounds-checked where it is evaluated."""
+
     tensor: str
     subs: tuple[Subscript, ...]
+    conditional: bool = False
     span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
 
 
@@ -142,7 +146,7 @@ class Access:
 
     tensor: str
     subs: tuple[Sym | None, ...]
-    kind: str  # "read", "exists" or "write"
+    kind: str  # "read", "cond" (a conditional read), "exists" or "write"
     span: A.Span = field(default=A.NOSPAN, compare=False, repr=False)
 
 

@@ -35,7 +35,8 @@ class Location:
     def render(self) -> str:
         if not self.source_line:
             return ""
-        caret = " " * (self.col - 1) + "^" * max(1, self.width)
+        prefix = "".join(c if c == "\t" else " " for c in self.source_line[: self.col - 1])
+        caret = prefix + "^" * max(1, self.width)
         return f"\n    {self.source_line}\n    {caret}"
 
 

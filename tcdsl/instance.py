@@ -93,6 +93,8 @@ def _guards(s: Statement, ranges: tuple[tuple[str, int, int], ...], shapes: dict
     box = {name: (Sym.of(lo), Sym.of(hi)) for name, lo, hi in ranges}
     out = []
     for k, acc in enumerate(s.accesses):
+        if acc.kind == "cond":
+            continue
         for d, sub in enumerate(acc.subs):
             if sub is None:
                 continue

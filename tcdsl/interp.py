@@ -168,20 +168,24 @@ class _Eval:
             extent = arr.shape[d]
             if isinstance(sub, Sym):
                 v = sub.eval(self.env)
-                if self.clip:
+                if e.conditional:
+                    self._check(e, d, np.asarray(v), extent, live, "read")
+                if self.clip or e.conditional:
                     v = np.clip(v, 0, max(extent - 1, 0))
             else:
                 v = np.asarray(self.value(sub, live), dtype=np.int64)
-                bad = (v < 0) | (v >= extent)
-                hit = _and(live, bad)
-                if np.any(hit):
-                    value = int(np.broadcast_to(v, np.broadcast_shapes(v.shape, np.shape(hit)))[hit][0])
-                    raise TcRuntimeError(
-                        f"gather out of range in {self.bs.stmt.describe()}: dim {d} of '{e.tensor}' is read at "
-                        f"{value}, outside 0:{extent}", e.span.location())
+                self._check(e, d, v, extent, live, "gather")
                 v = np.clip(v, 0, max(extent - 1, 0))
             idx.append(v)
         return arr[tuple(idx)]
+
+
+    def _check(self, e: Read, d: int, v: np.ndarray, extent: int, live: Any, what: str) -> None:
+        hit = _and(live, (v < 0) | (v >= extent))
+        if np.any(hit):
+            value = int(np.broadcast_to(v, np.broadcast_shapes(v.shape, np.shape(hit)))[hit][0])
+            raise TcRuntimeError(f"{what} out of range in {self.bs.stmt.describe()}: dim {d} of '{e.tensor}' is "
+                                 f"read at {value}, outside 0:{extent}", e.span.location())
 
 
 def _and(a: Any, b: Any) -> Any:
@@ -198,7 +202,9 @@ _BINARY = {
 
 
 def _round(x: Any) -> Any:
-    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5))
+    """C's round: halfway cases away from zero (exact: ``x - trunc(x)`` needs no rounding)."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
 
 
 def _erf(x: Any) -> Any:

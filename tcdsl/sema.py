@@ -75,6 +75,7 @@ class _Scope:
     accesses: list[Access] = field(default_factory=list)
     shown: dict[int, str] = field(default_factory=dict)
     expanding: tuple[str, ...] = ()
+    conditional: int = 0  # > 0 while typing a branch of ?: or the right operand of && / ||
 
     def use_index(self, name: str, span: A.Span) -> None:
         if name not in self.index_spans:
@@ -347,10 +348,12 @@ class _DefChecker:
                            f"indices and sizes nor data-dependent", A.span_of(arg))
             subs.append(convert(g, "int64"))
             affine.append(None)
+        if kind == "read" and scope.conditional:
+            kind = "cond"
         acc = Access(e.name, tuple(affine), kind, e.span)
         scope.accesses.append(acc)
         scope.shown[id(acc)] = print_expr(e)
-        return Read(t.dtype, e.name, tuple(subs), e.span)
+        return Read(t.dtype, e.name, tuple(subs), kind == "cond", e.span)
 
     # ---- value expressions ----
     def _expr(self, e: A.Expr, scope: _Scope) -> TExpr:
@@ -373,18 +376,28 @@ class _DefChecker:
             a = convert(a, t)
             return a if e.op == "+" else Unop(t, "-", a)
         if isinstance(e, A.Binary):
-            a, b = self._expr(e.lhs, scope), self._expr(e.rhs, scope)
+            a = self._expr(e.lhs, scope)
             if e.op in ("&&", "||"):
+                b = self._branch(e.rhs, scope)
                 return Binop("bool", e.op, convert(a, "bool"), convert(b, "bool"), e.span)
+            b = self._expr(e.rhs, scope)
             t = T.promote(a.dtype, b.dtype)
             res = "bool" if e.op in _CMP else t
             return Binop(res, e.op, convert(a, t), convert(b, t), e.span)
         if isinstance(e, A.Ternary):
             c = convert(self._expr(e.cond, scope), "bool")
-            a, b = self._expr(e.then, scope), self._expr(e.other, scope)
+            a, b = self._branch(e.then, scope), self._branch(e.other, scope)
             t = T.promote(a.dtype, b.dtype) if a.dtype != b.dtype else a.dtype
             return Select(t, c, convert(a, t), convert(b, t))
         raise TypeError(e)
+
+    def _branch(self, e: A.Expr, scope: _Scope) -> TExpr:
+        """Type an expression evaluated only on some points: its reads become conditional."""
+        scope.conditional += 1
+        try:
+            return self._expr(e, scope)
+        finally:
+            scope.conditional -= 1
 
     def _name(self, e: A.Name, scope: _Scope) -> TExpr:
         n = e.name

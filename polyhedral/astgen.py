@@ -1,0 +1,154 @@
+"""AST generation: ``isl.Schedule x Deps -> LoopIR`` through isl's AST builder.
+
+While isl builds each loop, a dependence test (PPCG's) decides whether the loop carries a
+dependence; parallel loops are then marked: the outermost parallel loop of each nest (at the
+requested depth) runs with OpenMP, innermost parallel loops are vectorised. isl callbacks must
+never raise (an exception there crashes isl), so errors are stashed and re-raised after.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import islpy as isl
+
+from tcdsl.errors import TcScheduleError
+from tcdsl.options import MappingOptions
+
+from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LoopIR, LVar
+
+_OPS = {
+    isl.ast_expr_op_type.and_: "&&", isl.ast_expr_op_type.and_then: "&&",
+    isl.ast_expr_op_type.or_: "||", isl.ast_expr_op_type.or_else: "||",
+    isl.ast_expr_op_type.max: "max", isl.ast_expr_op_type.min: "min", isl.ast_expr_op_type.minus: "neg",
+    isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
+    isl.ast_expr_op_type.div: "div", isl.ast_expr_op_type.fdiv_q: "floordiv", isl.ast_expr_op_type.pdiv_q: "div",
+    isl.ast_expr_op_type.pdiv_r: "mod", isl.ast_expr_op_type.zdiv_r: "mod",
+    isl.ast_expr_op_type.cond: "?:", isl.ast_expr_op_type.select: "?:",
+    isl.ast_expr_op_type.eq: "==", isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<",
+    isl.ast_expr_op_type.ge: ">=", isl.ast_expr_op_type.gt: ">",
+}
+
+
+def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: MappingOptions) -> LoopIR:
+    errors: list[BaseException] = []
+
+    def before_for(b: isl.AstBuild) -> isl.Id:
+        try:
+            return isl.Id("par" if _carries_nothing(b, deps) else "seq")
+        except BaseException as e:  # noqa: BLE001 - re-raised after the build
+            errors.append(e)
+            return isl.Id("seq")
+
+    ab = isl.AstBuild.from_context(context)
+    ab, _handle = ab.set_before_each_for(before_for)
+    root = ab.node_from_schedule(sched)
+    if errors:
+        raise errors[0]
+    body = _node(root)
+    return LoopIR(tuple(_mark(body, options, omp_allowed=options.openmp, depth=0)))
+
+
+def _carries_nothing(b: isl.AstBuild, deps: isl.UnionMap) -> bool:
+    s = b.get_schedule()
+    n = b.get_schedule_space().dim(isl.dim_type.set)
+    m = deps.apply_domain(s).apply_range(s)
+    if m.is_empty():
+        return True
+    d = isl.Set.from_union_set(m.deltas())
+    for i in range(n - 1):
+        d = d.fix_dim_si(i, 0)
+    if d.is_empty():
+        return True
+    lo, hi = d.dim_min_val(n - 1), d.dim_max_val(n - 1)
+    return bool(lo.is_zero() and hi.is_zero())
+
+
+# ---- isl AST -> loop IR -----------------------------------------------------------------------
+
+
+def _node(n: isl.AstNode) -> list[LNode]:
+    t = n.get_type()
+    if t == isl.ast_node_type.block:
+        lst = n.block_get_children()
+        out: list[LNode] = []
+        for i in range(lst.n_ast_node()):
+            out.extend(_node(lst.get_at(i)))
+        return out
+    if t == isl.ast_node_type.for_:
+        var = n.for_get_iterator().get_id().get_name()
+        ann = n.get_annotation()
+        par = ann is not None and ann.get_name() == "par"
+        step = n.for_get_inc().get_val().to_python()
+        return [LFor(var, _expr(n.for_get_init()), _expr(n.for_get_cond()), int(step),
+                     tuple(_node(n.for_get_body())), parallel=par)]
+    if t == isl.ast_node_type.if_:
+        other = tuple(_node(n.if_get_else_node())) if n.if_has_else_node() else ()
+        return [LIf(_expr(n.if_get_cond()), tuple(_node(n.if_get_then_node())), other)]
+    if t == isl.ast_node_type.user:
+        call = n.user_get_expr()
+        name = call.get_op_arg(0).get_id().get_name()
+        args = tuple(_expr(call.get_op_arg(i)) for i in range(1, call.get_op_n_arg()))
+        return [LCall(name, args)]
+    if t == isl.ast_node_type.mark:
+        return _node(n.mark_get_node())
+    raise TcScheduleError(f"unexpected isl AST node type {t}")
+
+
+def _expr(e: isl.AstExpr) -> LExpr:
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return LInt(int(e.get_val().to_python()))
+    if t == isl.ast_expr_type.id:
+        return LVar(e.get_id().get_name())
+    op = e.get_op_type()
+    if op not in _OPS:
+        raise TcScheduleError(f"unexpected isl AST operator {op}")
+    args = tuple(_expr(e.get_op_arg(i)) for i in range(e.get_op_n_arg()))
+    name = _OPS[op]
+    if name in ("min", "max") and len(args) > 2:  # n-ary: fold into nested binary calls
+        folded = args[-1]
+        for a in reversed(args[:-1]):
+            folded = LOp(name, (a, folded))
+        return folded
+    return LOp(name, args)
+
+
+# ---- parallel marks -----------------------------------------------------------------------------
+
+
+def _mark(nodes: list[LNode] | tuple[LNode, ...], options: MappingOptions, omp_allowed: bool,
+          depth: int) -> list[LNode]:
+    out: list[LNode] = []
+    for n in nodes:
+        if isinstance(n, LFor):
+            innermost = not any(isinstance(x, LFor) for x in _walk(n.body))
+            omp = omp_allowed and n.parallel and depth >= options.parallel_depth and not innermost_trivial(n)
+            body = _mark(n.body, options, omp_allowed and not omp, depth + (1 if n.parallel else 0))
+            simd = options.vectorize and n.parallel and innermost and not omp
+            out.append(LFor(n.var, n.init, n.cond, n.step, tuple(body), n.parallel, omp, simd))
+        elif isinstance(n, LIf):
+            out.append(LIf(n.cond, tuple(_mark(n.then, options, omp_allowed, depth)),
+                           tuple(_mark(n.other, options, omp_allowed, depth))))
+        else:
+            out.append(n)
+    return out
+
+
+def innermost_trivial(n: LFor) -> bool:
+    """A loop with a constant trip count of at most one is not worth a parallel region."""
+    if isinstance(n.init, LInt) and isinstance(n.cond, LOp) and n.cond.op in ("<=", "<") \
+            and isinstance(n.cond.args[1], LInt):
+        hi = n.cond.args[1].value - (1 if n.cond.op == "<" else 0)
+        return hi - n.init.value < n.step
+    return False
+
+
+def _walk(nodes: tuple[LNode, ...]) -> Any:
+    for n in nodes:
+        yield n
+        if isinstance(n, LFor):
+            yield from _walk(n.body)
+        elif isinstance(n, LIf):
+            yield from _walk(n.then)
+            yield from _walk(n.other)

@@ -1,0 +1,113 @@
+"""Loop IR: the small, printable, deterministic program that isl's AST becomes (``-> LoopIR``).
+
+Loops carry what the schedule proved about them (parallel, vectorisable); statement calls
+carry the original TC indices as expressions of the loop iterators. ``str(ir)`` is C-like text
+used in golden tests and by ``kernel.source``-style introspection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LExpr:
+    pass
+
+
+@dataclass(frozen=True)
+class LInt(LExpr):
+    value: int
+
+
+@dataclass(frozen=True)
+class LVar(LExpr):
+    name: str
+
+
+@dataclass(frozen=True)
+class LOp(LExpr):
+    """``op`` is one of: + - * neg min max floordiv div mod == <= < >= > && || ?:"""
+
+    op: str
+    args: tuple[LExpr, ...]
+
+
+@dataclass(frozen=True)
+class LNode:
+    pass
+
+
+@dataclass(frozen=True)
+class LFor(LNode):
+    var: str
+    init: LExpr
+    cond: LExpr  # a comparison of ``var`` with an upper bound
+    step: int
+    body: tuple[LNode, ...]
+    parallel: bool = False  # no dependence is carried by this loop
+    omp: bool = False  # run it with `omp parallel for`
+    simd: bool = False  # innermost and parallel: vectorise it
+
+
+@dataclass(frozen=True)
+class LIf(LNode):
+    cond: LExpr
+    then: tuple[LNode, ...]
+    other: tuple[LNode, ...] = ()
+
+
+@dataclass(frozen=True)
+class LCall(LNode):
+    stmt: str  # the scop statement name (init<n> or S<n>)
+    args: tuple[LExpr, ...]  # one expression per statement index
+
+
+@dataclass(frozen=True)
+class LoopIR:
+    body: tuple[LNode, ...]
+
+    def __str__(self) -> str:
+        lines: list[str] = []
+        for n in self.body:
+            _print(n, 0, lines)
+        return "\n".join(lines)
+
+
+_INFIX = {"+", "-", "*", "==", "<=", "<", ">=", ">", "&&", "||"}
+
+
+def expr_text(e: LExpr) -> str:
+    if isinstance(e, LInt):
+        return str(e.value)
+    if isinstance(e, LVar):
+        return e.name
+    assert isinstance(e, LOp)
+    a = [expr_text(x) for x in e.args]
+    if e.op in _INFIX:
+        return "(" + f" {e.op} ".join(a) + ")"
+    if e.op == "neg":
+        return f"(-{a[0]})"
+    if e.op == "?:":
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    return f"{e.op}({', '.join(a)})"
+
+
+def _print(n: LNode, depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    if isinstance(n, LFor):
+        tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd)) if on]
+        tag = f"  // {' '.join(tags)}" if tags else ""
+        out.append(f"{pad}for ({n.var} = {expr_text(n.init)}; {expr_text(n.cond)}; {n.var} += {n.step}){tag}")
+        for b in n.body:
+            _print(b, depth + 1, out)
+    elif isinstance(n, LIf):
+        out.append(f"{pad}if {expr_text(n.cond)}")
+        for b in n.then:
+            _print(b, depth + 1, out)
+        if n.other:
+            out.append(f"{pad}else")
+            for b in n.other:
+                _print(b, depth + 1, out)
+    elif isinstance(n, LCall):
+        out.append(f"{pad}{n.stmt}({', '.join(expr_text(a) for a in n.args)})")
