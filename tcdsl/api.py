@@ -7,7 +7,9 @@ one array or a tuple in declaration order (or fills ``out=``).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
@@ -22,19 +24,37 @@ from .checked import CheckedDef
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
+from .compiler import CKernel, lower, strides_of
+from .options import MappingOptions
 from .sema import check_def, check_module
 
-BACKENDS = ("numpy",)
+BACKENDS = ("c", "numpy")
+
+
+def default_backend() -> str:
+    """``c`` where a C compiler exists, else the reference interpreter."""
+    return "c" if _has_cc() else "numpy"
+
+
+@functools.cache
+def _has_cc() -> bool:
+    from .codegen import toolchain
+
+    return shutil.which(toolchain.compiler()[0]) is not None
 
 
 class Kernel:
     """One TC def, callable on arrays; compiled (here: bound) per shape signature and cached."""
 
-    def __init__(self, checked: CheckedDef, backend: str | None = None) -> None:
+    def __init__(self, checked: CheckedDef, backend: str | None = None,
+                 options: MappingOptions | None = None) -> None:
         self.checked = checked
         self.name = checked.name
         self.backend = _check_backend(backend) if backend else None
+        self.options = options or MappingOptions()
         self._cache: dict[tuple, Instance] = {}
+        self._compiled: dict[tuple, CKernel] = {}
+        self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
         self.__doc__ = str(checked)
 
@@ -64,13 +84,35 @@ class Kernel:
                 self._cache[key] = inst
         return inst
 
-    def __call__(self, *args: Any, out: Any = None, backend: str | None = None) -> Any:
-        be = _check_backend(backend or self.backend or "numpy")
+    def compiled(self, *args: Any, options: MappingOptions | None = None) -> CKernel:
+        """The compiled C kernel for these arguments (built on first use, then cached)."""
+        arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
+        return self._compiled_for(self._instance(arrays), arrays, options or self.options)
+
+    def _compiled_for(self, inst: Instance, arrays: list[np.ndarray], options: MappingOptions) -> CKernel:
+        inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
+        strides = strides_of(inst, inputs)
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options.key())
+        ck = self._compiled.get(key)
+        if ck is None:
+            ck = CKernel(lower(inst, options, strides))
+            with self._lock:
+                self._compiled[key] = ck
+                self.compile_count += 1
+        return ck
+
+    def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
+                 options: MappingOptions | None = None) -> Any:
+        be = _check_backend(backend or self.backend or default_backend())
         arrays = _coerce_inputs(self.checked, args)
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
-        results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)})
-        del be
+        if be == "c":
+            arrays = [_c_ready(a) for a in arrays]
+            ck = self._compiled_for(inst, arrays, options or self.options)
+            results = ck({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+        else:
+            results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)})
         values = [results[t.name] for t in self.checked.outputs]
         if outs is not None:
             for dst, v in zip(outs, values):
@@ -213,6 +255,13 @@ def _as_array(x: Any, what: str) -> np.ndarray:
         raise TcArgumentError(f"argument '{what}' is a {type(x).__name__}, not an array")
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
+    return a
+
+
+def _c_ready(a: np.ndarray) -> np.ndarray:
+    """``a`` as the C backend reads it: native byte order, element-aligned strides."""
+    if a.ndim and any(s % a.itemsize for s in a.strides):
+        return np.ascontiguousarray(a)
     return a
 
 

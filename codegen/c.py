@@ -1,0 +1,339 @@
+"""C emitter: ``LoopIR x Scop -> CSource`` (one C function, OpenMP-parallel, restrict pointers).
+
+Every identifier is generated (tensors ``t0..``, iterators ``c0..``, statement indices ``x0..``),
+so no TC name reaches the C text except inside ``//`` comments naming each statement. Tensor
+accesses are linearised with the call's element strides; gathers, conditional reads and integer
+division are checked and report an error code instead of touching memory out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tcdsl import dtypes as T
+from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
+from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LoopIR, LVar
+from tcdsl.polyhedral.scop import Scop
+from tcdsl.printer import stmt as print_stmt
+
+from .writer import LineWriter
+
+CTYPE = {
+    "bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+    "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+    "float16": "_Float16", "float32": "float", "float64": "double",
+}
+
+PRELUDE = r"""#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
+#define tc_lmin(a, b) ((a) < (b) ? (a) : (b))
+#define tc_lmax(a, b) ((a) > (b) ? (a) : (b))
+/* min/max of values: NaN-propagating, as numpy's minimum/maximum */
+#define tc_min(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define tc_max(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define tc_abs(a) ((a) < 0 ? -(a) : (a))
+
+static inline long tc_fdiv(long n, long d) { long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q; }
+static inline long tc_fmod(long n, long d) { long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r; }
+static inline long tc_chk(long v, long n, int code, int *err) {
+  if ((unsigned long)v >= (unsigned long)n) { __atomic_store_n(err, code, __ATOMIC_RELAXED); return 0; }
+  return v;
+}
+static inline long tc_nz(long d, int code, int *err) {
+  if (d == 0) { __atomic_store_n(err, code, __ATOMIC_RELAXED); return 1; }
+  return d;
+}
+"""
+
+
+@dataclass(frozen=True)
+class ErrorSite:
+    code: int
+    kind: str  # "gather", "read" or "division"
+    stmt: int  # TC statement number
+    tensor: str
+    dim: int
+    span: object = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CSource:
+    name: str  # the C function's name
+    text: str
+    params: tuple[str, ...]  # TC tensor names, in argument order
+    errors: tuple[ErrorSite, ...]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel") -> CSource:
+    """C source for ``ir``; ``strides`` gives each tensor's element strides."""
+    return _Emitter(scop, strides, fn).run(ir)
+
+
+class _Emitter:
+    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str) -> None:
+        self.scop = scop
+        self.c = scop.inst.checked
+        self.strides = strides
+        self.fn = fn
+        tensors = (*self.c.inputs, *self.c.outputs, *self.c.temps)
+        self.order = tuple(t.name for t in tensors)
+        self.var = {t.name: f"t{i}" for i, t in enumerate(tensors)}
+        self.tensors = {t.name: t for t in tensors}
+        self.shapes = scop.inst.shapes
+        self.sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
+        self.errors: list[ErrorSite] = []
+        self.stmt_bodies: dict[str, list[str]] = {}
+        self.w = LineWriter()
+
+    def run(self, ir: LoopIR) -> CSource:
+        w = self.w
+        w.raw(PRELUDE)
+        for name in self.order:
+            t = self.tensors[name]
+            w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "
+                   f"strides {self.strides[name]}")
+        params = []
+        for name in self.order:
+            t = self.tensors[name]
+            const = "const " if t.role == "input" else ""
+            params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
+        w.line(f"int {self.fn}({', '.join(params)}) {{")
+        with w.indent():
+            w.line("int tc_err = 0;")
+            for n in ir.body:
+                self._node(n)
+            w.line("return tc_err;")
+        w.line("}")
+        return CSource(self.fn, w.text(), self.order, tuple(self.errors))
+
+    # ---- loops ----
+    def _node(self, n: LNode) -> None:
+        w = self.w
+        if isinstance(n, LFor):
+            if n.omp:
+                w.line("#pragma omp parallel for schedule(static)")
+            elif n.simd:
+                w.line("#pragma omp simd")
+            cond = _top(self._lexpr(n.cond))
+            w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {cond}; {n.var} += {n.step}) {{")
+            with w.indent():
+                for b in n.body:
+                    self._node(b)
+            w.line("}")
+        elif isinstance(n, LIf):
+            w.line(f"if ({_top(self._lexpr(n.cond))}) {{")
+            with w.indent():
+                for b in n.then:
+                    self._node(b)
+            if n.other:
+                w.line("} else {")
+                with w.indent():
+                    for b in n.other:
+                        self._node(b)
+            w.line("}")
+        elif isinstance(n, LCall):
+            self._call(n)
+
+    def _lexpr(self, e: LExpr) -> str:
+        if isinstance(e, LInt):
+            return f"{e.value}L" if abs(e.value) >= 2**31 else str(e.value)
+        if isinstance(e, LVar):
+            return e.name
+        assert isinstance(e, LOp)
+        a = [self._lexpr(x) for x in e.args]
+        op = e.op
+        if op in ("+", "-", "*", "==", "<=", "<", ">=", ">", "&&", "||"):
+            return "(" + f" {op} ".join(a) + ")"
+        if op == "neg":
+            return f"(-{a[0]})"
+        if op == "?:":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op in ("min", "max"):
+            return f"tc_l{op}({a[0]}, {a[1]})"
+        if op == "floordiv":
+            return f"floord({a[0]}, {a[1]})"
+        if op == "div":
+            return f"({a[0]} / {a[1]})"
+        if op == "mod":
+            return f"({a[0]} % {a[1]})"
+        raise ValueError(op)
+
+    # ---- statements ----
+    def _call(self, n: LCall) -> None:
+        st = self.scop.stmt(n.stmt)
+        s = self.c.stmts[st.number - 1]
+        w = self.w
+        w.line(f"{{  // {'init of ' if st.kind == 'init' else ''}statement {s.number} (line {s.span.line}): "
+               f"{print_stmt(s.source)}")
+        with w.indent():
+            env: dict[str, str] = {}
+            for k, (name, arg) in enumerate(zip(st.indices, n.args)):
+                w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
+                env[name] = f"x{k}"
+            target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
+            ctype = CTYPE[self.tensors[s.tensor].dtype]
+            if st.kind == "init":
+                w.line(f"{target} = {_literal(T.identity(s.op, self.tensors[s.tensor].dtype), ctype)};")
+            else:
+                rhs = self._expr(s.rhs, env, s)
+                if s.op == "=":
+                    w.line(f"{target} = {rhs};")
+                elif s.op == "+":
+                    w.line(f"{target} = {target} + {rhs};")
+                elif s.op == "*":
+                    w.line(f"{target} = {target} * {rhs};")
+                else:
+                    w.line(f"{target} = tc_{s.op}({target}, {rhs});")
+        w.line("}")
+
+    def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
+                checked: list[str] | None = None) -> str:
+        strides = self.strides[tensor]
+        terms = []
+        for d, sub in enumerate(subs):
+            text = checked[d] if checked is not None else self._sym(sub, env)
+            if strides[d] != 0:
+                terms.append(f"{text} * {strides[d]}L" if strides[d] != 1 else text)
+        return f"{self.var[tensor]}[{' + '.join(terms) or '0'}]"
+
+    def _sym(self, s: Sym, env: dict[str, str]) -> str:
+        s = s.subs(self.sizes)
+        parts = [str(s.const)] if s.const or not s.terms else []
+        for a, c in s.terms:
+            parts.append(f"{c} * {self._atom(a, env)}" if c != 1 else self._atom(a, env))
+        return "(" + " + ".join(parts) + ")"
+
+    def _atom(self, a: object, env: dict[str, str]) -> str:
+        if isinstance(a, Var):
+            return env[a.name]
+        if isinstance(a, FloorDiv):
+            return f"tc_fdiv({self._sym(a.num, env)}, {a.den})"
+        if isinstance(a, Mod):
+            return f"tc_fmod({self._sym(a.num, env)}, {a.den})"
+        assert isinstance(a, MinMax)
+        out = self._sym(a.args[-1], env)
+        for x in reversed(a.args[:-1]):
+            out = f"tc_l{a.op}({self._sym(x, env)}, {out})"
+        return out
+
+    def _site(self, kind: str, s: Statement, tensor: str, dim: int, span: object) -> int:
+        code = len(self.errors) + 1
+        self.errors.append(ErrorSite(code, kind, s.number, tensor, dim, span))
+        return code
+
+    def _expr(self, e: TExpr, env: dict[str, str], s: Statement) -> str:
+        ct = CTYPE[e.dtype]
+        if isinstance(e, Const):
+            return _literal(e.value, ct)
+        if isinstance(e, IndexVal):
+            return f"(({ct}){env[e.name]})"
+        if isinstance(e, SizeVal):
+            return f"(({ct}){self.scop.inst.sizes[e.name]})"
+        if isinstance(e, Read):
+            return self._read(e, env, s)
+        if isinstance(e, Convert):
+            inner = self._expr(e.arg, env, s)
+            if e.dtype == "bool":
+                return f"({inner} != 0)"
+            return f"(({ct}){inner})"
+        if isinstance(e, Unop):
+            return f"(!{self._expr(e.arg, env, s)})" if e.op == "!" else f"(({ct})-{self._expr(e.arg, env, s)})"
+        if isinstance(e, Select):
+            return f"({self._expr(e.cond, env, s)} ? {self._expr(e.then, env, s)} : {self._expr(e.other, env, s)})"
+        if isinstance(e, Binop):
+            a, b = self._expr(e.lhs, env, s), self._expr(e.rhs, env, s)
+            if e.op in ("/", "%") and T.is_int(e.lhs.dtype):
+                code = self._site("division", s, "", 0, e.span)
+                f = "tc_fdiv" if e.op == "/" else "tc_fmod"
+                return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, &tc_err)))"
+            if e.op == "%":
+                return f"fmod{'f' if e.dtype == 'float32' else ''}({a}, {b})"
+            if e.op in ("&&", "||", "==", "!=", "<", "<=", ">", ">="):
+                return f"({a} {e.op} {b})"
+            return f"(({ct})({a} {e.op} {b}))"
+        if isinstance(e, Call):
+            return self._builtin(e, [self._expr(x, env, s) for x in e.args])
+        raise TypeError(e)
+
+    def _read(self, e: Read, env: dict[str, str], s: Statement) -> str:
+        shape = self.shapes[e.tensor]
+        box = {r.name: (r.lo.subs(self.sizes), r.hi.subs(self.sizes)) for r in s.ranges}
+        texts = []
+        for d, sub in enumerate(e.subs):
+            if isinstance(sub, Sym):
+                text = self._sym(sub, env)
+                if e.conditional and not _inside(sub.subs(self.sizes), box, shape[d]):
+                    code = self._site("read", s, e.tensor, d, e.span)
+                    text = f"tc_chk({text}, {shape[d]}L, {code}, &tc_err)"
+            else:
+                code = self._site("gather", s, e.tensor, d, e.span)
+                text = f"tc_chk((long){self._expr(sub, env, s)}, {shape[d]}L, {code}, &tc_err)"
+            texts.append(text)
+        return self._access(e.tensor, tuple(Sym.of(0) for _ in e.subs), env, checked=texts)
+
+    def _builtin(self, e: Call, a: list[str]) -> str:
+        fn, t = e.fn, e.dtype
+        suffix = "f" if t in ("float32", "float16") else ""
+        one = _literal(1.0, CTYPE[t]) if T.is_float(t) else "1"
+        if fn in ("min", "max"):
+            return f"tc_{fn}({a[0]}, {a[1]})"
+        if fn == "abs":
+            return f"tc_abs({a[0]})" if not T.is_float(t) else f"fabs{suffix}({a[0]})"
+        if fn == "rsqrt":
+            return f"({one} / sqrt{suffix}({a[0]}))"
+        if fn == "sigmoid":
+            return f"({one} / ({one} + exp{suffix}(-{a[0]})))"
+        name = {"fabs": "fabs", "pow": "pow", "fmax": "fmax", "fmin": "fmin", "atan2": "atan2", "fmod": "fmod",
+                "fma": "fma"}.get(fn, fn)
+        call = f"{name}{suffix}({', '.join(a)})"
+        return f"(({CTYPE[t]}){call})" if t == "float16" else call
+
+
+def _inside(sub: Sym, box: dict[str, tuple[Sym, Sym]], extent: int) -> bool:
+    lo, hi = bounds(sub, box)
+    return lo.is_const() and hi.is_const() and lo.const >= 0 and hi.const < extent
+
+
+def _literal(v: object, ctype: str) -> str:
+    if ctype in ("float", "double", "_Float16"):
+        x = float(v)  # type: ignore[arg-type]
+        if math.isinf(x):
+            return "INFINITY" if x > 0 else "(-INFINITY)"
+        if ctype == "float":
+            return f"{float(np.float32(x)).hex()}f"
+        if ctype == "_Float16":
+            return f"((_Float16){float(np.float16(x)).hex()})"
+        return x.hex()
+    if ctype == "bool":
+        return "true" if v else "false"
+    iv = int(v)  # type: ignore[call-overload]
+    if ctype in ("uint64_t",):
+        return f"{iv}UL"
+    if ctype == "int64_t" or abs(iv) >= 2**31:
+        return f"({iv}L)" if iv != -(2**63) else "(-9223372036854775807L - 1)"
+    if iv == -(2**31):
+        return "(-2147483647 - 1)"
+    return f"(({ctype}){iv})" if ctype not in ("int32_t",) else (str(iv) if iv >= 0 else f"({iv})")
+
+
+def _top(text: str) -> str:
+    """Drop one pair of outer parentheses (OpenMP wants `c0 < N`, not `(c0 < N)`)."""
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(text) - 1:
+                return text
+        return text[1:-1]
+    return text

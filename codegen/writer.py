@@ -1,0 +1,30 @@
+"""An indented line buffer: the emitters' output device (``lines -> str``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class LineWriter:
+    def __init__(self, unit: str = "  ") -> None:
+        self._lines: list[str] = []
+        self._depth = 0
+        self._unit = unit
+
+    def line(self, text: str = "") -> None:
+        self._lines.append(self._unit * self._depth + text if text else "")
+
+    def raw(self, text: str) -> None:
+        self._lines.extend(text.rstrip("\n").split("\n"))
+
+    @contextmanager
+    def indent(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"

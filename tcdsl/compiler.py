@@ -1,0 +1,114 @@
+"""The compiler driver: ``Instance x MappingOptions -> Lowered`` (every stage, in order), and the C
+backend that builds and calls it.
+
+    Instance -> Scop -> Deps -> schedule -> transformed schedule -> LoopIR -> CSource -> library
+
+Each stage's text form is kept, for ``kernel.schedule()`` / ``kernel.source()`` and the
+``TCDSL_DUMP_DIR`` knob.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import islpy as isl
+import numpy as np
+
+from . import knobs
+from .codegen import c as cgen
+from .codegen import toolchain
+from .errors import TcRuntimeError
+from .instance import Instance
+from .options import MappingOptions
+from .polyhedral import astgen, schedule, transform
+from .polyhedral.deps import Deps, dependences
+from .polyhedral.loopir import LoopIR
+from .polyhedral.scop import Scop, build_scop
+
+
+@dataclass(frozen=True)
+class Lowered:
+    scop: Scop
+    deps: Deps
+    tree: isl.Schedule = field(compare=False)  # the scheduler's tree
+    final: isl.Schedule = field(compare=False)  # after the CPU transformations
+    ir: LoopIR
+    source: cgen.CSource
+
+
+def strides_of(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Element strides: the inputs' own, C order for outputs and temporaries."""
+    out = {}
+    c = inst.checked
+    for t in c.inputs:
+        a = inputs[t.name]
+        out[t.name] = tuple(s // a.itemsize for s in a.strides) if a.ndim else ()
+    for t in (*c.outputs, *c.temps):
+        shape = inst.shapes[t.name]
+        st, acc = [], 1
+        for n in reversed(shape):
+            st.append(acc)
+            acc *= max(n, 1)
+        out[t.name] = tuple(reversed(st))
+    return out
+
+
+def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
+    scop = build_scop(inst)
+    deps = dependences(scop)
+    tree = schedule.compute(scop, deps, options)
+    final = transform.transform(tree, scop, deps, options)
+    ir = astgen.build(final, scop.context, deps.all, options)
+    src = cgen.emit(ir, scop, strides)
+    low = Lowered(scop, deps, tree, final, ir, src)
+    _dump(low)
+    return low
+
+
+def _dump(low: Lowered) -> None:
+    d = knobs.dump_dir()
+    if d is None:
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    name = low.scop.inst.checked.name
+    (d / f"{name}.scop.txt").write_text(str(low.scop) + "\n\n" + str(low.deps) + "\n")
+    (d / f"{name}.schedule.txt").write_text(f"{low.tree.get_root()}\n\n{low.final.get_root()}\n")
+    (d / f"{name}.loops.txt").write_text(str(low.ir) + "\n")
+    (d / f"{name}.c").write_text(low.source.text)
+
+
+class CKernel:
+    """A compiled C kernel for one instance, options and stride signature."""
+
+    def __init__(self, low: Lowered) -> None:
+        self.low = low
+        self.inst = low.scop.inst
+        path = toolchain.build(low.source.text, f"tc_{self.inst.checked.name}")
+        lib = toolchain.load(path)
+        fn = getattr(lib, low.source.name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * len(low.source.params)
+        self.fn = fn
+        self.path = path
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        c = self.inst.checked
+        arrays = dict(inputs)
+        for t in (*c.outputs, *c.temps):
+            arrays[t.name] = np.zeros(self.inst.shapes[t.name], dtype=t.dtype)
+        code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params))
+        if code:
+            raise self._error(code)
+        return {t.name: arrays[t.name] for t in c.outputs}
+
+    def _error(self, code: int) -> TcRuntimeError:
+        site = next((e for e in self.low.source.errors if e.code == code), None)
+        if site is None:
+            return TcRuntimeError(f"kernel {self.inst.checked.name} failed with code {code}")
+        s = self.inst.checked.stmts[site.stmt - 1]
+        if site.kind == "division":
+            return TcRuntimeError(f"integer division by zero in {s.describe()}", site.span.location())  # type: ignore[attr-defined]
+        return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
+                              f"read outside 0:{self.inst.shapes[site.tensor][site.dim]}",
+                              site.span.location())  # type: ignore[attr-defined]
