@@ -42,12 +42,18 @@ PRELUDE = r"""#include <math.h>
 
 static inline long tc_fdiv(long n, long d) { long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q; }
 static inline long tc_fmod(long n, long d) { long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r; }
-static inline long tc_chk(long v, long n, int code, int *err) {
-  if ((unsigned long)v >= (unsigned long)n) { __atomic_store_n(err, code, __ATOMIC_RELAXED); return 0; }
+/* A failed check records its code and value (the first one wins) and reads element 0 instead. */
+static inline void tc_fail(long *err, long code, long v) {
+  long expected = 0;
+  if (__atomic_compare_exchange_n(&err[0], &expected, code, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    __atomic_store_n(&err[1], v, __ATOMIC_RELAXED);
+}
+static inline long tc_chk(long v, long n, long code, long *err) {
+  if ((unsigned long)v >= (unsigned long)n) { tc_fail(err, code, v); return 0; }
   return v;
 }
-static inline long tc_nz(long d, int code, int *err) {
-  if (d == 0) { __atomic_store_n(err, code, __ATOMIC_RELAXED); return 1; }
+static inline long tc_nz(long d, long code, long *err) {
+  if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
 """
@@ -56,7 +62,7 @@ static inline long tc_nz(long d, int code, int *err) {
 @dataclass(frozen=True)
 class ErrorSite:
     code: int
-    kind: str  # "gather", "read" or "division"
+    kind: str  # "gather", "read", "division" or "modulo"
     stmt: int  # TC statement number
     tensor: str
     dim: int
@@ -107,12 +113,12 @@ class _Emitter:
             t = self.tensors[name]
             const = "const " if t.role == "input" else ""
             params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
+        params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
         with w.indent():
-            w.line("int tc_err = 0;")
             for n in ir.body:
                 self._node(n)
-            w.line("return tc_err;")
+            w.line("return (int)tc_err[0];")
         w.line("}")
         return CSource(self.fn, w.text(), self.order, tuple(self.errors))
 
@@ -188,6 +194,11 @@ class _Emitter:
                 rhs = self._expr(s.rhs, env, s)
                 if s.op == "=":
                     w.line(f"{target} = {rhs};")
+                elif s.op == "+" and _is_product(s.rhs):
+                    # a contraction: one fused multiply-add per point (no other contraction happens)
+                    assert isinstance(s.rhs, Binop)
+                    a, b = self._expr(s.rhs.lhs, env, s), self._expr(s.rhs.rhs, env, s)
+                    w.line(f"{target} = fma{'f' if s.rhs.dtype == 'float32' else ''}({a}, {b}, {target});")
                 elif s.op == "+":
                     w.line(f"{target} = {target} + {rhs};")
                 elif s.op == "*":
@@ -253,9 +264,9 @@ class _Emitter:
         if isinstance(e, Binop):
             a, b = self._expr(e.lhs, env, s), self._expr(e.rhs, env, s)
             if e.op in ("/", "%") and T.is_int(e.lhs.dtype):
-                code = self._site("division", s, "", 0, e.span)
+                code = self._site("division" if e.op == "/" else "modulo", s, "", 0, e.span)
                 f = "tc_fdiv" if e.op == "/" else "tc_fmod"
-                return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, &tc_err)))"
+                return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, tc_err)))"
             if e.op == "%":
                 return f"fmod{'f' if e.dtype == 'float32' else ''}({a}, {b})"
             if e.op in ("&&", "||", "==", "!=", "<", "<=", ">", ">="):
@@ -274,10 +285,10 @@ class _Emitter:
                 text = self._sym(sub, env)
                 if e.conditional and not _inside(sub.subs(self.sizes), box, shape[d]):
                     code = self._site("read", s, e.tensor, d, e.span)
-                    text = f"tc_chk({text}, {shape[d]}L, {code}, &tc_err)"
+                    text = f"tc_chk({text}, {shape[d]}L, {code}, tc_err)"
             else:
                 code = self._site("gather", s, e.tensor, d, e.span)
-                text = f"tc_chk((long){self._expr(sub, env, s)}, {shape[d]}L, {code}, &tc_err)"
+                text = f"tc_chk((long){self._expr(sub, env, s)}, {shape[d]}L, {code}, tc_err)"
             texts.append(text)
         return self._access(e.tensor, tuple(Sym.of(0) for _ in e.subs), env, checked=texts)
 
@@ -297,6 +308,10 @@ class _Emitter:
                 "fma": "fma"}.get(fn, fn)
         call = f"{name}{suffix}({', '.join(a)})"
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
+
+
+def _is_product(e: TExpr) -> bool:
+    return isinstance(e, Binop) and e.op == "*" and e.dtype in ("float32", "float64")
 
 
 def _inside(sub: Sym, box: dict[str, tuple[Sym, Sym]], extent: int) -> bool:

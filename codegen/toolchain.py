@@ -20,7 +20,7 @@ from pathlib import Path
 from tcdsl import knobs
 from tcdsl.errors import TcCompileError
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11")
 _loaded: dict[str, ctypes.CDLL] = {}
 BUILDS = 0  # compiler invocations in this process (on-disk cache misses)
 _lock = threading.Lock()

@@ -88,7 +88,7 @@ class CKernel:
         lib = toolchain.load(path)
         fn = getattr(lib, low.source.name)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * len(low.source.params)
+        fn.argtypes = [ctypes.c_void_p] * (len(low.source.params) + 1)
         self.fn = fn
         self.path = path
 
@@ -97,18 +97,19 @@ class CKernel:
         arrays = dict(inputs)
         for t in (*c.outputs, *c.temps):
             arrays[t.name] = np.zeros(self.inst.shapes[t.name], dtype=t.dtype)
-        code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params))
+        err = np.zeros(2, dtype=np.int64)
+        code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params), err.ctypes.data)
         if code:
-            raise self._error(code)
+            raise self._error(int(err[0]), int(err[1]))
         return {t.name: arrays[t.name] for t in c.outputs}
 
-    def _error(self, code: int) -> TcRuntimeError:
+    def _error(self, code: int, value: int) -> TcRuntimeError:
         site = next((e for e in self.low.source.errors if e.code == code), None)
         if site is None:
             return TcRuntimeError(f"kernel {self.inst.checked.name} failed with code {code}")
         s = self.inst.checked.stmts[site.stmt - 1]
-        if site.kind == "division":
-            return TcRuntimeError(f"integer division by zero in {s.describe()}", site.span.location())  # type: ignore[attr-defined]
+        loc = site.span.location()  # type: ignore[attr-defined]
+        if site.kind in ("division", "modulo"):
+            return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)
         return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
-                              f"read outside 0:{self.inst.shapes[site.tensor][site.dim]}",
-                              site.span.location())  # type: ignore[attr-defined]
+                              f"read at {value}, outside 0:{self.inst.shapes[site.tensor][site.dim]}", loc)

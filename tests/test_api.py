@@ -104,7 +104,7 @@ def test_define_backend_numpy_and_unknown() -> None:
     X = np.array([1.0, 2.0], np.float32)
     np.testing.assert_array_equal(k(X), [2.0, 4.0])
     np.testing.assert_array_equal(k(X, backend="numpy"), [2.0, 4.0])
-    with pytest.raises(tc.TcArgumentError, match="unknown backend 'nosuch'; available: numpy"):
+    with pytest.raises(tc.TcArgumentError, match="unknown backend 'nosuch'; available: c, numpy"):
         k(X, backend="nosuch")
     with pytest.raises(tc.TcArgumentError, match="unknown backend 'nosuch'"):
         tc.define("def d(float(N) X) -> (Y) { Y(i) = X(i) * 2.0 }", backend="nosuch")
