@@ -32,10 +32,15 @@ _OPS = {
 
 def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: MappingOptions) -> LoopIR:
     errors: list[BaseException] = []
+    notes: list[str] = []
 
     def before_for(b: isl.AstBuild) -> isl.Id:
         try:
-            return isl.Id("par" if _carries_nothing(b, deps) else "seq")
+            witness = _carried(b, deps)
+            if witness is None:
+                return isl.Id("par")
+            notes.append(witness)
+            return isl.Id(f"seq{len(notes) - 1}")
         except BaseException as e:  # noqa: BLE001 - re-raised after the build
             errors.append(e)
             return isl.Id("seq")
@@ -45,53 +50,85 @@ def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: Ma
     root = ab.node_from_schedule(sched)
     if errors:
         raise errors[0]
-    body = _node(root)
+    body = _node(root, notes)
     return LoopIR(tuple(_mark(body, options, omp_allowed=options.openmp, depth=0)))
 
 
-def _carries_nothing(b: isl.AstBuild, deps: isl.UnionMap) -> bool:
+def _carried(b: isl.AstBuild, deps: isl.UnionMap) -> str | None:
+    """None if the loop being built carries no dependence; else one carried dependence as text
+    (a concrete pair of statement instances from isl, the witness)."""
     s = b.get_schedule()
     n = b.get_schedule_space().dim(isl.dim_type.set)
     m = deps.apply_domain(s).apply_range(s)
     if m.is_empty():
-        return True
+        return None
     d = isl.Set.from_union_set(m.deltas())
     for i in range(n - 1):
         d = d.fix_dim_si(i, 0)
     if d.is_empty():
-        return True
+        return None
     lo, hi = d.dim_min_val(n - 1), d.dim_max_val(n - 1)
-    return bool(lo.is_zero() and hi.is_zero())
+    if lo.is_zero() and hi.is_zero():
+        return None
+    flat = _flatten_range(s)
+    eq = " and ".join(f"a{i} = b{i}" for i in range(n - 1))
+    carried = isl.UnionMap(f"{{ [{', '.join(f'a{i}' for i in range(n))}] -> [{', '.join(f'b{i}' for i in range(n))}] : "
+                           f"{eq + ' and ' if eq else ''}a{n - 1} != b{n - 1} }}")
+    pairs = deps.intersect(flat.apply_range(carried).apply_range(flat.reverse()))
+    if pairs.is_empty():
+        return "a dependence"
+    point = pairs.wrap().sample_point()
+    return _pair_text(point)
+
+
+def _flatten_range(u: isl.UnionMap) -> isl.UnionMap:
+    maps: list[isl.Map] = []
+    u.foreach_map(maps.append)
+    out = isl.UnionMap.from_map(maps[0].flatten_range())
+    for m in maps[1:]:
+        out = out.union(isl.UnionMap.from_map(m.flatten_range()))
+    return out
+
+
+def _pair_text(point: isl.Point) -> str:
+    """``S1[0, 0, 3] -> S1[0, 0, 4]`` from a point of a wrapped map."""
+    text = str(point).strip()  # e.g. "{ [S1[0, 0, 3] -> S1[0, 0, 4]] }"
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1].strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    return text
 
 
 # ---- isl AST -> loop IR -----------------------------------------------------------------------
 
 
-def _node(n: isl.AstNode) -> list[LNode]:
+def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
     t = n.get_type()
     if t == isl.ast_node_type.block:
         lst = n.block_get_children()
         out: list[LNode] = []
         for i in range(lst.n_ast_node()):
-            out.extend(_node(lst.get_at(i)))
+            out.extend(_node(lst.get_at(i), notes))
         return out
     if t == isl.ast_node_type.for_:
         var = n.for_get_iterator().get_id().get_name()
         ann = n.get_annotation()
-        par = ann is not None and ann.get_name() == "par"
+        tag = ann.get_name() if ann is not None else "seq"
+        note = notes[int(tag[3:])] if tag.startswith("seq") and tag[3:] else ""
         step = n.for_get_inc().get_val().to_python()
         return [LFor(var, _expr(n.for_get_init()), _expr(n.for_get_cond()), int(step),
-                     tuple(_node(n.for_get_body())), parallel=par)]
+                     tuple(_node(n.for_get_body(), notes)), parallel=tag == "par", note=note)]
     if t == isl.ast_node_type.if_:
-        other = tuple(_node(n.if_get_else_node())) if n.if_has_else_node() else ()
-        return [LIf(_expr(n.if_get_cond()), tuple(_node(n.if_get_then_node())), other)]
+        other = tuple(_node(n.if_get_else_node(), notes)) if n.if_has_else_node() else ()
+        return [LIf(_expr(n.if_get_cond()), tuple(_node(n.if_get_then_node(), notes)), other)]
     if t == isl.ast_node_type.user:
         call = n.user_get_expr()
         name = call.get_op_arg(0).get_id().get_name()
         args = tuple(_expr(call.get_op_arg(i)) for i in range(1, call.get_op_n_arg()))
         return [LCall(name, args)]
     if t == isl.ast_node_type.mark:
-        return _node(n.mark_get_node())
+        return _node(n.mark_get_node(), notes)
     raise TcScheduleError(f"unexpected isl AST node type {t}")
 
 
@@ -126,7 +163,7 @@ def _mark(nodes: list[LNode] | tuple[LNode, ...], options: MappingOptions, omp_a
             omp = omp_allowed and n.parallel and depth >= options.parallel_depth and not innermost_trivial(n)
             body = _mark(n.body, options, omp_allowed and not omp, depth + (1 if n.parallel else 0))
             simd = options.vectorize and n.parallel and innermost and not omp
-            out.append(LFor(n.var, n.init, n.cond, n.step, tuple(body), n.parallel, omp, simd))
+            out.append(LFor(n.var, n.init, n.cond, n.step, tuple(body), n.parallel, omp, simd, n.note))
         elif isinstance(n, LIf):
             out.append(LIf(n.cond, tuple(_mark(n.then, options, omp_allowed, depth)),
                            tuple(_mark(n.other, options, omp_allowed, depth))))

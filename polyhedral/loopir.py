@@ -48,6 +48,7 @@ class LFor(LNode):
     parallel: bool = False  # no dependence is carried by this loop
     omp: bool = False  # run it with `omp parallel for`
     simd: bool = False  # innermost and parallel: vectorise it
+    note: str = ""  # for a loop that carries a dependence: one dependence it carries (a witness)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, LFor):
         tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd)) if on]
+        if n.note:
+            tags.append(f"carries {n.note}")
         tag = f"  // {' '.join(tags)}" if tags else ""
         out.append(f"{pad}for ({n.var} = {expr_text(n.init)}; {expr_text(n.cond)}; {n.var} += {n.step}){tag}")
         for b in n.body:

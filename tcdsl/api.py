@@ -24,7 +24,9 @@ from .checked import CheckedDef
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
-from .compiler import CKernel, lower, strides_of
+from .compiler import CKernel, Lowered, lower, strides_of
+from .explain import explain as explain_lowered
+from .polyhedral.treeprint import tree_text
 from .options import MappingOptions
 from .sema import check_def, check_module
 
@@ -100,6 +102,28 @@ class Kernel:
                 self._compiled[key] = ck
                 self.compile_count += 1
         return ck
+
+    def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
+        """Every compiler stage for these arguments (no C compiler needed)."""
+        arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
+        inst = self._instance(arrays)
+        inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
+        return lower(inst, options or self.options, strides_of(inst, inputs))
+
+    def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
+        """The generated code for these arguments' shapes, dtypes and strides."""
+        if backend != "c":
+            raise TcArgumentError(f"source() covers the C backend; backend {backend!r} has no generated code")
+        return self.lowered(*args, options=options).source.text
+
+    def schedule(self, *args: Any, options: MappingOptions | None = None) -> str:
+        """The schedule tree (after the CPU transformations) as text."""
+        return tree_text(self.lowered(*args, options=options).final)
+
+    def explain(self, *args: Any, options: MappingOptions | None = None) -> str:
+        """Why each loop is or is not parallel, and which statements were fused."""
+        opts = options or self.options
+        return explain_lowered(self.lowered(*args, options=opts), opts)
 
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
@@ -194,8 +218,18 @@ class GenericKernel:
         span = self.stmts[0].span
         return A.Def(A.Ident(self.name, span), tuple(params), outputs, self.stmts, span)
 
-    def __call__(self, *args: Any, out: Any = None, backend: str | None = None) -> Any:
-        return self.kernel(*args)(*args, out=out, backend=backend or self.backend)
+    def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
+                 options: MappingOptions | None = None) -> Any:
+        return self.kernel(*args)(*args, out=out, backend=backend or self.backend, options=options)
+
+    def source(self, *args: Any, **kw: Any) -> str:
+        return self.kernel(*args).source(*args, **kw)
+
+    def schedule(self, *args: Any, **kw: Any) -> str:
+        return self.kernel(*args).schedule(*args, **kw)
+
+    def explain(self, *args: Any, **kw: Any) -> str:
+        return self.kernel(*args).explain(*args, **kw)
 
 
 def _size_pattern(arrays: list[np.ndarray]) -> tuple:

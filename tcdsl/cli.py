@@ -9,7 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import TcError
+import numpy as np
+
+from .errors import TcArgumentError, TcError
 from .grammar import parse
 from .sema import check_def
 
@@ -24,12 +26,63 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sizes(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"sizes are NAME=INT pairs separated by commas, not {item!r}")
+        out[name.strip()] = int(value)
+    return out
+
+
+def _arguments(checked, sizes: dict[str, int]) -> list[np.ndarray]:
+    missing = [s for s in checked.sizes if s not in sizes]
+    if missing:
+        raise TcArgumentError(f"def '{checked.name}' needs sizes for {', '.join(missing)} (--sizes "
+                              + ",".join(f"{s}=..." for s in checked.sizes) + ")")
+    arrays = []
+    for t in checked.inputs:
+        shape = tuple(int(d.eval(sizes)) for d in t.dims)
+        arrays.append(np.zeros(shape, dtype=t.dtype))
+    return arrays
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from .api import Kernel
+    from .options import MappingOptions
+
+    module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
+    defs = {d.name.name: d for d in module.defs}
+    if args.entry is None and len(defs) == 1:
+        args.entry = next(iter(defs))
+    if args.entry not in defs:
+        raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
+    kernel = Kernel(check_def(defs[args.entry]))
+    options = MappingOptions.from_json(args.options) if args.options else MappingOptions()
+    arrays = _arguments(kernel.checked, args.sizes)
+    if args.emit == "c":
+        print(kernel.source(*arrays, options=options), end="")
+    elif args.emit == "schedule":
+        print(kernel.schedule(*arrays, options=options))
+    else:
+        print(kernel.explain(*arrays, options=options))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tcdsl", description="Tensor comprehensions compiler.")
     sub = ap.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="print each def in canonical form with the inferred range of every index")
     check.add_argument("files", nargs="+", metavar="FILE.tc")
     check.set_defaults(run=_check)
+    comp = sub.add_parser("compile", help="print the generated C, the schedule tree or the explanation of one def")
+    comp.add_argument("file", metavar="FILE.tc")
+    comp.add_argument("--entry", help="the def to compile (default: the only one)")
+    comp.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
+    comp.add_argument("--emit", choices=("c", "schedule", "explain"), default="c")
+    comp.add_argument("--options", help="mapping options as JSON (see MappingOptions.to_json)")
+    comp.set_defaults(run=_compile)
     args = ap.parse_args(argv)
     try:
         return int(args.run(args))

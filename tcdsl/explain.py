@@ -1,0 +1,84 @@
+"""Explanations: ``Lowered -> str``, why each loop is or is not parallel and what was fused.
+
+For every loop of the generated nest: parallel (and how it runs: OpenMP, SIMD) or serial with
+one dependence it carries, as a concrete pair of statement instances found by isl. For the
+statements: which share a loop nest, and for those that do not, whether Max fusion would have
+put them together.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from .options import MappingOptions
+from .polyhedral import schedule
+from .polyhedral.loopir import LFor, LIf, LNode
+from .polyhedral.loopir import expr_text as lexpr
+from .printer import stmt as print_stmt
+
+
+def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no import cycle)
+    scop = low.scop
+    c = scop.inst.checked
+    sizes = ", ".join(f"{k}={v}" for k, v in scop.inst.sizes.items())
+    out = [f"def {c.name} ({sizes}), fusion '{options.fusion}'", "", "statements:"]
+    for st in scop.stmts:
+        s = c.stmts[st.number - 1]
+        what = "init of statement" if st.kind == "init" else "statement"
+        out.append(f"  {st.name}[{', '.join(st.indices)}]: {what} {s.number} (line {s.span.line}): "
+                   f"{print_stmt(s.source)}")
+    out += ["", "fusion:"]
+    groups = _nests(low.final)
+    if len(groups) == 1:
+        out.append(f"  {', '.join(groups[0])} share one loop nest")
+    else:
+        fused_max = _nests(schedule.compute(scop, low.deps, options.with_(fusion="max")))
+        for g in groups:
+            out.append(f"  nest: {', '.join(g)}")
+        if options.fusion != "max" and len(fused_max) < len(groups):
+            out.append(f"  not fused under '{options.fusion}'; fusion 'max' would make {len(fused_max)} nest(s): "
+                       + "; ".join(", ".join(g) for g in fused_max))
+        elif options.fusion == "max":
+            out.append("  even 'max' fusion keeps these nests apart: no legal schedule shares their outer loops")
+        else:
+            out.append("  fusion 'max' keeps them apart too: no legal schedule shares their outer loops")
+    out += ["", "loops:"]
+    _loops(low.ir.body, 1, out)
+    return "\n".join(out)
+
+
+def _nests(sched: isl.Schedule) -> list[list[str]]:
+    """The statements of each top-level loop nest, in order."""
+    node = sched.get_root()
+    while node.n_children() == 1 and node.get_type() in (isl.schedule_node_type.domain,
+                                                         isl.schedule_node_type.mark):
+        node = node.child(0)
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        groups = []
+        for i in range(node.n_children()):
+            names: list[str] = []
+            node.child(i).filter_get_filter().foreach_set(lambda s: names.append(s.get_tuple_name()))
+            groups.append(sorted(names, key=_order))
+        return groups
+    names = []
+    node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
+    return [sorted(names, key=_order)]
+
+
+def _order(name: str) -> tuple[int, int]:
+    return (int(name.lstrip("initS")), 0 if name.startswith("init") else 1)
+
+
+def _loops(nodes: tuple[LNode, ...], depth: int, out: list[str]) -> None:
+    for n in nodes:
+        if isinstance(n, LFor):
+            head = f"{'  ' * depth}for {n.var} from {lexpr(n.init)} while {lexpr(n.cond)} step {n.step}: "
+            if n.parallel:
+                how = ", OpenMP parallel for" if n.omp else (", vectorised (omp simd)" if n.simd else "")
+                out.append(head + f"parallel{how}")
+            else:
+                out.append(head + f"serial, carries {n.note or 'a dependence'}")
+            _loops(n.body, depth + 1, out)
+        elif isinstance(n, LIf):
+            _loops(n.then, depth, out)
+            _loops(n.other, depth, out)
