@@ -125,6 +125,8 @@ class _Emitter:
     # ---- loops ----
     def _node(self, n: LNode) -> None:
         w = self.w
+        if isinstance(n, LFor) and self._accumulate(n):
+            return
         if isinstance(n, LFor):
             if n.omp:
                 w.line("#pragma omp parallel for schedule(static)")
@@ -149,6 +151,38 @@ class _Emitter:
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
+
+    def _accumulate(self, n: LFor) -> bool:
+        """An innermost reduction loop into one element: keep the element in a local accumulator
+        (in a register), and let OpenMP vectorise the sum or product as a reduction."""
+        if len(n.body) != 1 or not isinstance(n.body[0], LCall):
+            return False
+        call = n.body[0]
+        st = self.scop.stmt(call.stmt)
+        s = self.c.stmts[st.number - 1]
+        if st.kind != "update" or s.op == "=":
+            return False
+        args = dict(zip(st.indices, call.args))
+        if any(n.var in _vars(args[i]) for i in s.lhs):
+            return False
+        t = self.tensors[s.tensor]
+        ctype = CTYPE[t.dtype]
+        w = self.w
+        w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {n.var}")
+        with w.indent():
+            outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
+            target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
+            w.line(f"{ctype} acc = {target};")
+            if s.op in ("+", "*") and t.dtype != "float16":
+                w.line(f"#pragma omp simd reduction({s.op}:acc)")
+            w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+                   f"{n.var} += {n.step}) {{")
+            with w.indent():
+                self._statement_body(call, "acc")
+            w.line("}")
+            w.line(f"{target} = acc;")
+        w.line("}")
+        return True
 
     def _lexpr(self, e: LExpr) -> str:
         if isinstance(e, LInt):
@@ -176,6 +210,10 @@ class _Emitter:
 
     # ---- statements ----
     def _call(self, n: LCall) -> None:
+        self._statement_body(n, None)
+
+    def _statement_body(self, n: LCall, acc: str | None) -> None:
+        """One statement instance; with ``acc``, the reduction target is that local variable."""
         st = self.scop.stmt(n.stmt)
         s = self.c.stmts[st.number - 1]
         w = self.w
@@ -186,7 +224,7 @@ class _Emitter:
             for k, (name, arg) in enumerate(zip(st.indices, n.args)):
                 w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
                 env[name] = f"x{k}"
-            target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
+            target = acc or self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             ctype = CTYPE[self.tensors[s.tensor].dtype]
             if st.kind == "init":
                 w.line(f"{target} = {_literal(T.identity(s.op, self.tensors[s.tensor].dtype), ctype)};")
@@ -308,6 +346,14 @@ class _Emitter:
                 "fma": "fma"}.get(fn, fn)
         call = f"{name}{suffix}({', '.join(a)})"
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
+
+
+def _vars(e: LExpr) -> set[str]:
+    if isinstance(e, LVar):
+        return {e.name}
+    if isinstance(e, LOp):
+        return set().union(*(_vars(a) for a in e.args)) if e.args else set()
+    return set()
 
 
 def _is_product(e: TExpr) -> bool:

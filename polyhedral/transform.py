@@ -17,7 +17,7 @@ from tcdsl import knobs
 from tcdsl.affine import Sym, Var
 from tcdsl.options import MappingOptions
 
-from .deps import Deps
+from .deps import Deps, respects
 from .schedule import check_legal
 from .scop import Scop
 
@@ -35,11 +35,48 @@ class MemberInfo:
 
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
-    node = sched.get_root()
+    node = _split_inits(sched.get_root(), deps)
     node = _visit(node, scop, deps, options)
     out = node.get_schedule()
     check_legal(out, deps)
     return out
+
+
+def _split_inits(root: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
+    """Give the ``!`` initialisations of each outer band a nest of their own, before the band's
+    other statements (no init guard inside a reduction loop), where that keeps the schedule legal."""
+    node = root.child(0)
+    if node.get_type() == isl.schedule_node_type.band:
+        return _split_band(node, deps).root()
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        i = 0
+        while i < node.n_children():  # a split may merge its new sequence into this one: recount
+            child = node.child(i)
+            if child.n_children() and child.child(0).get_type() == isl.schedule_node_type.band:
+                node = _split_band(child.child(0), deps).root().child(0)  # the outer sequence keeps its place
+            i += 1
+    return node.root()
+
+
+def _split_band(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
+    dom = band.get_domain()
+    names: list[str] = []
+    dom.foreach_set(lambda st: names.append(st.get_tuple_name()))
+    inits = [n for n in names if n.startswith("init")]
+    if not inits or len(inits) == len(names):
+        return band
+    filt = isl.UnionSet("{ " + "; ".join(f"{n}[{', '.join(f'i{k}' for k in range(_arity(dom, n)))}]"
+                                         for n in inits) + " }").intersect(dom)
+    split = band.order_before(filt)
+    if respects(deps.all, split.get_schedule().get_map()):
+        return split
+    return band
+
+
+def _arity(dom: isl.UnionSet, name: str) -> int:
+    sets: list[isl.Set] = []
+    dom.foreach_set(lambda st: sets.append(st) if st.get_tuple_name() == name else None)
+    return sets[0].dim(isl.dim_type.set)
 
 
 def _visit(node: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOptions) -> isl.ScheduleNode:

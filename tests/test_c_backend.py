@@ -1,0 +1,695 @@
+"""The C backend (``backend="c"``): the corpus against numpy and the interpreter, schedule
+invariance under hypothesis-drawn MappingOptions, the legality check, the in-memory and on-disk
+caches (also across two processes), compile errors, C keywords as TC names, run-time checks in C
+and the OpenMP marks. Every test that compiles is marked ``cpu`` (skipped without a C compiler).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import islpy as isl
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tcdsl as tc
+from tcdsl import TcCompileError, TcRuntimeError, TcScheduleError
+from tcdsl.codegen import toolchain
+from tcdsl.options import FUSION, MappingOptions
+from tcdsl.polyhedral import schedule
+from tcdsl.polyhedral.deps import dependences
+from tcdsl.polyhedral.loopir import LFor, LIf, LNode
+from tcdsl.polyhedral.scop import build_scop
+
+try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
+    from defs import DEFS, Arr, Case, assert_matches, make_inputs
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from defs import DEFS, Arr, Case, assert_matches, make_inputs
+
+CASES = {c.name: c for c in DEFS}
+REPO = Path(__file__).resolve().parent.parent
+
+MATMUL = "def matmul(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every compile of this file goes to a private cache (never the user's ~/.cache/tcdsl);
+    tests where caching matters set a fresh one of their own."""
+    d = tmp_path_factory.mktemp("tcdsl-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TCDSL_CACHE_DIR", str(d))
+        mp.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
+        yield d
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(d))
+    monkeypatch.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
+    return d
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def f32(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+def c_code(text: str) -> str:
+    """The C text without its ``//`` comments (the only place TC text may appear)."""
+    return "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+
+
+def nested_omp(nodes: tuple[LNode, ...], inside: bool = False) -> bool:
+    """Whether an omp loop sits inside another omp loop."""
+    for n in nodes:
+        if isinstance(n, LFor):
+            if n.omp and inside:
+                return True
+            if nested_omp(n.body, inside or n.omp):
+                return True
+        elif isinstance(n, LIf) and (nested_omp(n.then, inside) or nested_omp(n.other, inside)):
+            return True
+    return False
+
+
+def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
+    for n in nodes:
+        yield n
+        if isinstance(n, LFor):
+            yield from walk(n.body)
+        elif isinstance(n, LIf):
+            yield from walk(n.then)
+            yield from walk(n.other)
+
+
+# ---- 1. the corpus: C == numpy reference == interpreter ---------------------------------------------
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", DEFS, ids=[c.name for c in DEFS])
+def test_corpus_c_matches_reference_and_interpreter(case: Case):
+    args = make_inputs(case.inputs)
+    k = tc.define(case.source)
+    got = k(*args, backend="c")
+    assert_matches(got, case.reference(*args), case.tol, f"{case.name} (c vs numpy reference)")
+    interp = k(*args, backend="numpy")
+    assert_matches(got, interp, case.tol, f"{case.name} (c vs interpreter)")
+    assert k.compile_count == 1
+
+
+@pytest.mark.cpu
+def test_default_backend_is_c_when_a_compiler_exists():
+    assert tc.api.default_backend() == "c"
+    k = tc.define(MATMUL)
+    A, B = f32((5, 3)), f32((3, 4), 1)
+    C = k(A, B)  # no backend: the default
+    assert k.compile_count == 1
+    np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+
+
+# ---- 2. schedule invariance: any MappingOptions gives the interpreter's numbers ----------------------
+
+CHAIN3 = ("def chain3(float(N, M) A, float(M) b) -> (O) {\n"
+          "    t1(i, j) = A(i, j) * b(j) + 1.0\n"
+          "    t2(i) +=! t1(i, j)\n"
+          "    O(j, i) = t1(i, j) / t2(i)\n"
+          "}")
+
+
+def _chain3_ref(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    t1 = A.astype(np.float64) * b + 1
+    return (t1 / t1.sum(1, keepdims=True)).T.astype(np.float32)
+
+
+# name -> (source, odd-size inputs, numpy reference, tol, deepest statement's index count)
+INVARIANCE: dict[str, tuple[str, tuple[Any, ...], Any, float, int]] = {
+    "matmul": (CASES["matmul"].source, (Arr("float32", (13, 7)), Arr("float32", (7, 33))),
+               CASES["matmul"].reference, 1e-5, 3),
+    "conv2d": (CASES["conv2d_valid"].source, (Arr("float32", (1, 3, 7, 13)), Arr("float32", (2, 3, 3, 2))),
+               CASES["conv2d_valid"].reference, 1e-5, 7),
+    "softmax": (CASES["softmax"].source, (Arr("float32", (7, 33), -5.0, 5.0),), CASES["softmax"].reference, 1e-5, 2),
+    "layernorm": (CASES["layernorm"].source,
+                  (Arr("float32", (7, 13), -2.0, 2.0), Arr("float32", (13,)), Arr("float32", (13,))),
+                  CASES["layernorm"].reference, 1e-4, 2),
+    "transposes": (CASES["transposes"].source, (Arr("float32", (7, 13)), Arr("float32", (1, 3, 7, 5))),
+                   CASES["transposes"].reference, 0, 4),
+    "embedding": (CASES["embedding"].source, (Arr("float32", (13, 7)), Arr("int32", (33,), 0, 13)),
+                  CASES["embedding"].reference, 0, 2),
+    "conv2d_same": (CASES["conv2d_same"].source, (Arr("float32", (1, 2, 7, 13)), Arr("float32", (3, 2, 3, 3))),
+                    CASES["conv2d_same"].reference, 1e-5, 7),
+    "chain3": (CHAIN3, (Arr("float32", (7, 13), 0.5, 1.5), Arr("float32", (13,), 0.5, 1.5)), _chain3_ref, 1e-5, 2),
+    "reduce_all": (CASES["reduce_all"].source, (Arr("float32", (7, 13), 0.8, 1.2),),
+                   CASES["reduce_all"].reference, 1e-5, 2),
+    "dot_rank0": (CASES["dot_rank0"].source, (Arr("float32", (33,)), Arr("float32", (33,))),
+                  CASES["dot_rank0"].reference, 1e-5, 1),
+    "bmm": (CASES["batch_matmul"].source, (Arr("float32", (3, 7, 13)), Arr("float32", (3, 13, 5))),
+            CASES["batch_matmul"].reference, 1e-5, 4),
+}
+
+_SETUP: dict[str, tuple[Any, list[Any], Any]] = {}
+
+
+def _setup(name: str) -> tuple[Any, list[Any], Any]:
+    """The kernel, inputs and interpreter result of an invariance def (made once, checked once
+    against the hand-written numpy reference)."""
+    if name not in _SETUP:
+        src, spec, ref, tol, _ = INVARIANCE[name]
+        k = tc.define(src)
+        args = make_inputs(spec, seed=3)
+        want = k(*args, backend="numpy")
+        assert_matches(want, ref(*args), tol, f"{name}: interpreter vs numpy reference")
+        _SETUP[name] = (k, args, want)
+    return _SETUP[name]
+
+
+def mapping_options(depth: int) -> st.SearchStrategy[MappingOptions]:
+    sizes = st.sampled_from([0, 1, 2, 3, 4, 5, 7, 8, 32, 64])
+    perms = st.integers(1, max(depth, 1)).flatmap(lambda n: st.permutations(list(range(n))).map(tuple))
+    return st.builds(
+        MappingOptions,
+        fusion=st.sampled_from(FUSION),
+        tile=st.none() | st.lists(sizes, min_size=0, max_size=depth + 1).map(tuple),
+        register_tile=st.none() | st.lists(st.integers(0, 4), min_size=0, max_size=3).map(tuple),
+        point_order=st.none() | perms,
+        vectorize=st.booleans(),
+        openmp=st.booleans(),
+        parallel_depth=st.integers(0, 2),
+        unroll=st.integers(0, 4),
+    )
+
+
+def _invariance(name: str, opts: MappingOptions) -> None:
+    k, args, want = _setup(name)
+    tol = INVARIANCE[name][3]
+    got = k(*args, backend="c", options=opts)
+    assert_matches(got, want, tol, f"{name} with {opts}")
+
+
+def _invariance_test(name: str) -> Any:
+    depth = INVARIANCE[name][4]
+
+    @pytest.mark.cpu
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(opts=mapping_options(depth))
+    def test(opts: MappingOptions) -> None:
+        _invariance(name, opts)
+
+    test.__name__ = f"test_schedule_invariance_{name}"
+    return test
+
+
+for _name in INVARIANCE:
+    globals()[f"test_schedule_invariance_{_name}"] = _invariance_test(_name)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("fusion", FUSION)
+@pytest.mark.parametrize("name", ["matmul", "softmax", "chain3", "conv2d_same"])
+def test_schedule_invariance_corners(name: str, fusion: str):
+    """Fixed corner options per fusion strategy: tiles of 1 everywhere, tiles larger than every
+    extent, tiles not dividing the extents with register tiles, a reversed point order."""
+    depth = INVARIANCE[name][4]
+    for opts in (MappingOptions(fusion=fusion, tile=(1,) * depth),
+                 MappingOptions(fusion=fusion, tile=(64,) * depth, vectorize=False),
+                 MappingOptions(fusion=fusion, tile=(5, 3, 2), register_tile=(2, 3), openmp=False),
+                 MappingOptions(fusion=fusion, point_order=tuple(reversed(range(depth))), parallel_depth=1)):
+        _invariance(name, opts)
+
+
+# ---- 3. legality ---------------------------------------------------------------------------------
+
+
+def _matmul_scop() -> Any:
+    k = tc.define(MATMUL)
+    inst = k.instance(np.zeros((4, 5), np.float32), np.zeros((5, 3), np.float32))
+    scop = build_scop(inst)
+    return scop, dependences(scop)
+
+
+def _hand_schedule(scop: Any, update: str) -> isl.Schedule:
+    umap = isl.UnionMap("{ init1[i0, i1] -> [0, i0, i1, 0]; " f"S1[i0, i1, i2] -> [1, i0, i1, {update}] }}")
+    umap = umap.intersect_domain(scop.domain)
+    return isl.Schedule.from_domain(scop.domain).insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(umap))
+
+
+def test_check_legal_rejects_a_reversed_reduction_loop():
+    scop, deps = _matmul_scop()
+    assert {s.name for s in scop.stmts} == {"init1", "S1"}
+    with pytest.raises(TcScheduleError) as ei:
+        schedule.check_legal(_hand_schedule(scop, "-i2"), deps)
+    assert "violates dependences" in ei.value.message
+    assert "S1[" in ei.value.message  # the violated dependence is the update's own accumulation
+
+
+def test_check_legal_rejects_update_before_init():
+    scop, deps = _matmul_scop()
+    umap = isl.UnionMap("{ init1[i0, i1] -> [1, i0, i1, 0]; S1[i0, i1, i2] -> [0, i0, i1, i2] }")
+    sched = isl.Schedule.from_domain(scop.domain).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(umap.intersect_domain(scop.domain)))
+    with pytest.raises(TcScheduleError, match="violates dependences"):
+        schedule.check_legal(sched, deps)
+
+
+@pytest.mark.parametrize("fusion", FUSION)
+def test_check_legal_accepts_the_computed_and_the_program_order_schedules(fusion: str):
+    scop, deps = _matmul_scop()
+    assert schedule.check_legal(_hand_schedule(scop, "i2"), deps) is None
+    sched = schedule.compute(scop, deps, MappingOptions(fusion=fusion))
+    assert schedule.check_legal(sched, deps) is None
+    # the computed schedule covers the whole domain
+    assert sched.get_domain().is_equal(scop.domain)
+
+
+# ---- 4. caches -------------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_ten_calls_compile_once_and_new_strides_compile_again(fresh_cache: Path):
+    k = tc.define(MATMUL)
+    A, B = f32((13, 7)), f32((7, 5), 1)
+    want = A.astype(np.float64) @ B
+    before = toolchain.BUILDS
+    for _ in range(10):
+        np.testing.assert_allclose(k(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert k.compile_count == 1
+    assert toolchain.BUILDS - before <= 1
+    assert len(list((fresh_cache / "c").glob("tc_matmul-*.so"))) == 1
+    # the same shapes as a transposed view: other strides, another compile, right numbers
+    At = np.ascontiguousarray(A.T).T
+    assert At.shape == A.shape and At.strides != A.strides
+    np.testing.assert_allclose(k(At, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert k.compile_count == 2
+    for _ in range(3):
+        k(A, B, backend="c")
+        k(At, B, backend="c")
+    assert k.compile_count == 2
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("view", ["reversed", "step2", "broadcast", "transposed_B", "fortran"])
+def test_strided_input_views(view: str):
+    k = tc.define(MATMUL)
+    base = f32((26, 14))
+    B = f32((7, 5), 1)
+    if view == "reversed":
+        A = base[::-1, ::-1][:13, :7]
+    elif view == "step2":
+        A = base[::2, ::2]
+    elif view == "broadcast":
+        A = np.broadcast_to(base[0, :7], (13, 7))
+    elif view == "transposed_B":
+        A = base[:13, :7]
+        B = np.ascontiguousarray(B.T).T
+    else:
+        A = np.asfortranarray(base[:13, :7])
+    assert A.shape == (13, 7)
+    want = A.astype(np.float64) @ B.astype(np.float64)
+    np.testing.assert_allclose(k(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(k(A, B, backend="numpy"), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cpu
+def test_new_dtype_of_a_short_form_kernel_compiles_again(fresh_cache: Path):
+    @tc.define("C(i, j) +=! A(i, k) * B(k, j)", backend="c")
+    def mm(A, B):
+        """matrix product"""
+
+    A32, B32 = f32((5, 3)), f32((3, 4), 1)
+    before = toolchain.BUILDS
+    C32 = mm(A32, B32)
+    assert C32.dtype == np.float32
+    np.testing.assert_allclose(C32, A32.astype(np.float64) @ B32, rtol=1e-5, atol=1e-6)
+    assert toolchain.BUILDS - before == 1
+    A64, B64 = A32.astype(np.float64) / 3, B32.astype(np.float64) / 7
+    C64 = mm(A64, B64)
+    assert C64.dtype == np.float64
+    np.testing.assert_allclose(C64, A64 @ B64, rtol=1e-13, atol=1e-15)
+    assert toolchain.BUILDS - before == 2
+    k32, k64 = mm.kernel(A32, B32), mm.kernel(A64, B64)
+    assert k32 is not k64
+    assert (k32.compile_count, k64.compile_count) == (1, 1)
+    assert len(list((fresh_cache / "c").glob("*.so"))) == 2
+
+
+@pytest.mark.cpu
+def test_fresh_kernel_hits_the_disk_cache_and_force_recompile_builds(fresh_cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    A, B = f32((6, 4)), f32((4, 3), 1)
+    want = A.astype(np.float64) @ B
+    k1 = tc.define(MATMUL)
+    before = toolchain.BUILDS
+    np.testing.assert_allclose(k1(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert toolchain.BUILDS - before == 1
+    k2 = tc.define(MATMUL)  # a new Kernel object, same def, same cache dir: an on-disk hit
+    np.testing.assert_allclose(k2(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert k2.compile_count == 1  # an in-memory miss...
+    assert toolchain.BUILDS - before == 1  # ...that does not run the compiler
+    assert k1.compiled(A, B).path == k2.compiled(A, B).path
+    monkeypatch.setenv("TCDSL_FORCE_RECOMPILE", "1")
+    k3 = tc.define(MATMUL)
+    np.testing.assert_allclose(k3(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert toolchain.BUILDS - before == 2
+    so = list((fresh_cache / "c").glob("tc_matmul-*.so"))
+    assert len(so) == 1
+    assert not [p.name for p in (fresh_cache / "c").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.cpu
+def test_other_options_compile_again_same_options_do_not():
+    k = tc.define(MATMUL)
+    A, B = f32((9, 7)), f32((7, 11), 1)
+    want = A.astype(np.float64) @ B
+    o1 = MappingOptions(tile=(4, 4, 4))
+    o2 = MappingOptions(tile=(4, 4, 4), openmp=False)
+    for _ in range(3):
+        for o in (o1, o2, MappingOptions(tile=(4, 4, 4))):
+            np.testing.assert_allclose(k(A, B, backend="c", options=o), want, rtol=1e-5, atol=1e-6)
+    assert k.compile_count == 2
+
+
+# ---- 5. two processes, one cache -------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import numpy as np
+    import tcdsl as tc
+    sync = Path(sys.argv[1])
+    k = tc.define("def twoproc(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) + 1.0 }")
+    A = np.arange(35, dtype=np.float32).reshape(5, 7) / 10
+    B = np.arange(21, dtype=np.float32).reshape(7, 3) / 10
+    (sync / ("ready" + sys.argv[2])).touch()
+    deadline = time.time() + 60
+    while not (sync / "go").exists() and time.time() < deadline:
+        time.sleep(0.005)
+    C = k(A, B, backend="c")
+    want = A.astype(np.float64) @ B + 7
+    np.testing.assert_allclose(C, want, rtol=1e-5)
+    print("OK", k.compile_count, k.compiled(A, B).path)
+""")
+
+
+@pytest.mark.cpu
+def test_two_processes_compile_the_same_kernel_at_once(tmp_path: Path):
+    cache = tmp_path / "shared-cache"
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    env = dict(os.environ, TCDSL_CACHE_DIR=str(cache))
+    env.pop("TCDSL_FORCE_RECOMPILE", None)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(sync), str(i)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        deadline = time.time() + 60
+        while not all((sync / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
+            if any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.01)
+        (sync / "go").touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.startswith("OK 1 "), out + err
+    paths = {out.split()[2] for out, _ in outs}
+    assert len(paths) == 1  # both loaded the same library
+    files = sorted(p.name for p in (cache / "c").iterdir())
+    so = [f for f in files if f.endswith(".so")]
+    assert len(so) == 1 and so[0].startswith("tc_twoproc-"), files
+    assert Path(paths.pop()).name == so[0]
+    assert not [f for f in files if f.startswith(".")], files  # no temp files left behind
+
+
+# ---- 6. compile errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_compiler_failure_raises_with_stderr_and_kept_source(tmp_path: Path, fresh_cache: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    cc = tmp_path / "bad-cc"
+    cc.write_text("#!/bin/sh\n"
+                  'if [ "$1" = "--version" ]; then echo "badcc 0.1"; exit 0; fi\n'
+                  'echo "badcc: fatal error: the frobnicator is jammed (42)" >&2\n'
+                  "exit 1\n")
+    cc.chmod(cc.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    monkeypatch.setenv("CC", str(cc))
+    toolchain.compiler_version.cache_clear()
+    try:
+        k = tc.define(MATMUL)
+        with pytest.raises(TcCompileError) as ei:
+            k(f32((3, 2)), f32((2, 4)), backend="c")
+    finally:
+        toolchain.compiler_version.cache_clear()
+    e = ei.value
+    assert isinstance(e, tc.TcError)
+    assert "the frobnicator is jammed (42)" in e.message
+    kept = [Path(p) for p in re.findall(r"(/\S+?\.c)\b", e.message)]
+    assert kept, e.message
+    src = kept[0]
+    assert src.exists() and src.parent == fresh_cache / "c"
+    assert "tc_kernel" in src.read_text()
+    assert k.compile_count == 0
+    names = [p.name for p in (fresh_cache / "c").iterdir()]
+    assert not [n for n in names if n.endswith(".so") or n.startswith(".")], names
+
+
+# ---- 7. C keywords as TC names -----------------------------------------------------------------------
+
+KEYWORD_DEF = """def main(float(int, long) for, float(long, char) static, float(char) restrict) -> (return, void) {
+    return(if, while) +=! for(if, do) * static(do, while)
+    void(if) = return(if, 0) + restrict(char - 1) * if
+}"""
+
+# The same def with every name spelled plainly: its C text must be the same outside comments.
+PLAIN_DEF = """def kw(float(I, L) A, float(L, C) S, float(C) R) -> (O, V) {
+    O(i, j) +=! A(i, k) * S(k, j)
+    V(i) = O(i, 0) + R(C - 1) * i
+}"""
+
+KEYWORDS = ("for", "static", "main", "int", "restrict", "return", "void", "long", "char", "if", "while", "do")
+
+
+@pytest.mark.cpu
+def test_c_keywords_are_tc_names_and_never_reach_c():
+    k = tc.define(KEYWORD_DEF)
+    A, B, R = f32((7, 5)), f32((5, 3), 1), f32((3,), 2)
+    O, V = k(A, B, R, backend="c")
+    O_want = A.astype(np.float64) @ B
+    np.testing.assert_allclose(O, O_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V, O_want[:, 0] + R[2] * np.arange(7), rtol=1e-5, atol=1e-6)
+    On, Vn = k(A, B, R, backend="numpy")
+    np.testing.assert_allclose(O, On, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V, Vn, rtol=1e-5, atol=1e-6)
+
+    text = k.compiled(A, B, R).low.source.text
+    plain = tc.define(PLAIN_DEF).compiled(A, B, R).low.source.text
+    # C's own keywords (int, long, for, return, restrict, ...) appear in any kernel; the TC names must
+    # add nothing: the code outside comments is exactly that of the plainly named def
+    assert c_code(text) == c_code(plain)
+    code = c_code(text)
+    for word in KEYWORDS:
+        n_kw = len(re.findall(rf"\b{word}\b", code))
+        n_plain = len(re.findall(rf"\b{word}\b", c_code(plain)))
+        assert n_kw == n_plain, word
+    for word in ("main", "char", "while", "do"):  # words the emitter never writes itself
+        assert not re.search(rf"\b{word}\b", code), word
+    assert "return(if, while)" in text  # the TC statement is only in its comment
+
+
+# ---- 8. run-time checks in C -------------------------------------------------------------------------
+
+GATHER = ("def g(float(V, D) Tab, int32(B) Idx) -> (O, P) {\n"
+          "    P(b) = 1.0 where exists Idx(b)\n"
+          "    O(b, d) = Tab(Idx(b), d) * 2.0\n"
+          "}")
+
+
+def _both_raise(k: Any, args: list[Any], **kw: Any) -> tuple[TcRuntimeError, TcRuntimeError]:
+    with pytest.raises(TcRuntimeError) as c_err:
+        k(*args, backend="c", **kw)
+    with pytest.raises(TcRuntimeError) as np_err:
+        k(*args, backend="numpy", **kw)
+    return c_err.value, np_err.value
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("bad", [4, 10, -1, -(2**31)])
+def test_out_of_range_gather_raises_like_the_interpreter(bad: int):
+    k = tc.define(GATHER, filename="model.tc")
+    Tab = np.ones((4, 2), np.float32)
+    Idx = np.array([0, 3, bad, 1, 2], np.int32)
+    O_buf = np.full((5, 2), 7.0, np.float32)
+    P_buf = np.full((5,), -3.0, np.float32)
+    e, ref = _both_raise(k, [Tab, Idx], out=(O_buf, P_buf))
+    assert "'Tab'" in e.message and "statement 2" in e.message
+    assert f"read at {bad}," in e.message and "outside 0:4" in e.message
+    assert e.message == ref.message
+    assert str(e) == str(ref)
+    assert (e.location.file, e.location.line, e.location.col) == ("model.tc", 3, 15)
+    # out= buffers are untouched by the failed call
+    np.testing.assert_array_equal(O_buf, np.full((5, 2), 7.0, np.float32))
+    np.testing.assert_array_equal(P_buf, np.full((5,), -3.0, np.float32))
+    # and the kernel still works afterwards
+    good = np.array([0, 3, 2, 1, 2], np.int32)
+    k(np.arange(8, dtype=np.float32).reshape(4, 2), good, backend="c", out=(O_buf, P_buf))
+    np.testing.assert_array_equal(O_buf, np.arange(8, dtype=np.float32).reshape(4, 2)[good] * 2)
+    np.testing.assert_array_equal(P_buf, np.ones(5, np.float32))
+
+
+@pytest.mark.cpu
+def test_out_of_range_gather_in_reduction_and_nested_gather():
+    bag = tc.define(CASES["embedding_bag"].source)
+    Idx = np.zeros((3, 5), np.int64)
+    Idx[2, 4] = 10
+    e, ref = _both_raise(bag, [np.ones((10, 4), np.float32), Idx])
+    assert "'Tab'" in e.message and "read at 10," in e.message and str(e) == str(ref)
+    gg = tc.define(CASES["gather_of_gather"].source)
+    A = np.arange(9, dtype=np.float32)
+    e, ref = _both_raise(gg, [A, np.zeros(6, np.int32), np.array([0, 1, 6, 2], np.int32)])
+    assert "'Pm'" in e.message and "read at 6," in e.message and str(e) == str(ref)
+    assert (e.location.line, e.location.col) == (1, 64)
+    e, ref = _both_raise(gg, [A, np.array([0, 9, 0, 0, 0, 0], np.int32), np.array([0, 1, 2, 3], np.int32)])
+    assert "'A'" in e.message and "read at 9," in e.message and str(e) == str(ref)
+    assert (e.location.line, e.location.col) == (1, 62)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("op,word", [("/", "division"), ("%", "modulo")])
+def test_integer_division_by_zero_raises_in_c(op: str, word: str):
+    k = tc.define("def q(int32(N) A, int32(N) B) -> (Q) {\n"
+                  f"    Q(i) = 1 + A(i) {op} B(i)\n"
+                  "}")
+    out = np.full(3, 99, np.int32)
+    e, ref = _both_raise(k, [np.arange(3, dtype=np.int32), np.array([1, 0, 2], np.int32)], out=out)
+    assert f"integer {word} by zero" in e.message and "statement 1" in e.message
+    assert str(e) == str(ref)
+    assert (e.location.file, e.location.line, e.location.col) == ("<string>", 2, 16)
+    np.testing.assert_array_equal(out, np.full(3, 99, np.int32))
+
+
+@pytest.mark.cpu
+def test_integer_division_by_zero_in_reduction_raises_in_c():
+    k = tc.define("def q(int32(N, K) A, int32(K) B) -> (S) { S(i) +=! A(i, k) / B(k) }")
+    e, ref = _both_raise(k, [np.ones((2, 3), np.int32), np.array([1, 2, 0], np.int32)])
+    assert "integer division by zero" in e.message and str(e) == str(ref)
+
+
+@pytest.mark.cpu
+def test_gather_and_division_on_a_branch_not_taken_do_not_raise():
+    k = tc.define("def g(float(V) Tab, int32(B) Idx, int32(B) D) -> (O, L, R, Q) {\n"
+                  "    O(b) = Idx(b) >= 0 && Idx(b) < V ? Tab(Idx(b)) : -1.0\n"
+                  "    L(b) = Idx(b) >= 0 && Idx(b) < V && Tab(Idx(b)) > 1.5 ? 1 : 0\n"
+                  "    R(b) = Idx(b) < 0 || Idx(b) >= V ? 0.0 : e * e where e = Tab(Idx(b))\n"
+                  "    Q(b) = D(b) != 0 ? Idx(b) / D(b) + Idx(b) % D(b) : 0\n"
+                  "}")
+    Tab = np.array([1.0, 2.0, 3.0], np.float32)
+    Idx = np.array([0, -1, 2, 3, 1, -5, 7], np.int32)
+    D = np.array([2, 0, -3, 0, 1, 4, 0], np.int32)
+    O, L, R, Q = k(Tab, Idx, D, backend="c")
+    ok = (Idx >= 0) & (Idx < 3)
+    safe = np.clip(Idx, 0, 2)
+    np.testing.assert_array_equal(O, np.where(ok, Tab[safe], np.float32(-1)))
+    np.testing.assert_array_equal(L, np.array([0, 0, 1, 0, 1, 0, 0], np.int32))
+    np.testing.assert_array_equal(R, np.where(ok, Tab[safe] ** 2, np.float32(0)))
+    Ds = np.where(D == 0, 1, D)
+    np.testing.assert_array_equal(Q, np.where(D != 0, Idx // Ds + Idx % Ds, 0).astype(np.int32))
+    for got, want in zip((O, L, R, Q), k(Tab, Idx, D, backend="numpy")):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.cpu
+def test_gather_on_the_taken_branch_still_raises_in_c():
+    k = tc.define("def g(float(V) Tab, int32(B) Idx) -> (O) {\n"
+                  "    O(b) = Idx(b) >= 0 ? -1.0 : Tab(Idx(b))\n"
+                  "}")
+    e, ref = _both_raise(k, [np.ones(3, np.float32), np.array([0, -2, 1], np.int32)])
+    assert "'Tab'" in e.message and "read at -2," in e.message and str(e) == str(ref)
+    assert (e.location.line, e.location.col) == (2, 33)
+
+
+# ---- 9. parallelism ------------------------------------------------------------------------------
+
+
+def _body_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("int tc_kernel("))
+    return [line.strip() for line in lines[start + 1:] if line.strip()]
+
+
+@pytest.mark.cpu
+def test_matmul_outer_loop_is_omp_parallel_and_inner_loop_simd():
+    k = tc.define(MATMUL)
+    A, B = f32((33, 13)), f32((13, 7), 1)
+    ck = k.compiled(A, B)
+    body = _body_lines(ck.low.source.text)
+    first_for = next(i for i, line in enumerate(body) if line.startswith("for ("))
+    assert first_for > 0 and body[first_for - 1].startswith("#pragma omp parallel for"), body[:first_for + 1]
+    assert "#pragma omp simd" in body
+    loops = [n for n in walk(ck.low.ir.body) if isinstance(n, LFor)]
+    assert loops[0].omp and loops[0].parallel
+    assert any(n.simd for n in loops)
+    assert sum(line.startswith("#pragma omp parallel") for line in body) == sum(n.omp for n in loops)
+    assert not nested_omp(ck.low.ir.body)
+    np.testing.assert_allclose(k(A, B, backend="c"), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cpu
+def test_openmp_off_emits_no_parallel_region():
+    k = tc.define(MATMUL)
+    A, B = f32((33, 13)), f32((13, 7), 1)
+    opts = MappingOptions(openmp=False)
+    text = k.compiled(A, B, options=opts).low.source.text
+    assert "omp parallel" not in text
+    assert "#pragma omp simd" in text  # vectorisation is a separate knob
+    no_simd = k.compiled(A, B, options=MappingOptions(openmp=False, vectorize=False)).low.source.text
+    assert "#pragma omp" not in no_simd
+    np.testing.assert_allclose(k(A, B, backend="c", options=opts), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("n", [100, 10007])
+def test_full_reduction_into_rank0_is_not_parallel(n: int):
+    k = tc.define("def total(float(N) A) -> (S) { S +=! A(r_i) }")
+    A = rng(5).uniform(0, 1, n).astype(np.float32)
+    ck = k.compiled(A)
+    assert "omp parallel" not in ck.low.source.text
+    loops = [x for x in walk(ck.low.ir.body) if isinstance(x, LFor)]
+    assert loops and not any(x.omp or x.parallel or x.simd for x in loops)
+    S = k(A, backend="c")
+    assert S.shape == () and S.dtype == np.float32
+    np.testing.assert_allclose(S, A.astype(np.float64).sum(), rtol=1e-4)
+
+
+@pytest.mark.cpu
+def test_row_reduction_parallel_over_rows_only():
+    k = tc.define("def rows(float(M, N) A) -> (S) { S(i) +=! A(i, r_j) }")
+    A = f32((64, 33))
+    ck = k.compiled(A)
+    loops = [x for x in walk(ck.low.ir.body) if isinstance(x, LFor)]
+    assert any(x.omp for x in loops)
+    assert not nested_omp(ck.low.ir.body)
+    # omp loops carry no dependence; every loop that carries one is neither parallel nor omp nor simd
+    assert all(not x.note for x in loops if x.omp)
+    assert all(not (x.parallel or x.omp or x.simd) for x in loops if x.note)
+    assert any(x.note for x in loops)  # the reduction loop over j
+    np.testing.assert_allclose(k(A, backend="c"), A.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
