@@ -40,8 +40,15 @@ PRELUDE = r"""#include <math.h>
 #define tc_max(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define tc_abs(a) ((a) < 0 ? -(a) : (a))
 
-static inline long tc_fdiv(long n, long d) { long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q; }
-static inline long tc_fmod(long n, long d) { long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r; }
+/* floor division and modulo (Python's); d == -1 is separate because LONG_MIN / -1 traps on x86 */
+static inline long tc_fdiv(long n, long d) {
+  if (d == -1) return (long)(0UL - (unsigned long)n);
+  long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q;
+}
+static inline long tc_fmod(long n, long d) {
+  if (d == -1) return 0;
+  long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+}
 /* A failed check records its code and value (the first one wins) and reads element 0 instead. */
 static inline void tc_fail(long *err, long code, long v) {
   long expected = 0;
@@ -53,6 +60,10 @@ static inline long tc_chk(long v, long n, long code, long *err) {
   return v;
 }
 static inline long tc_nz(long d, long code, long *err) {
+  if (d == 0) { tc_fail(err, code, 0); return 1; }
+  return d;
+}
+static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
@@ -303,6 +314,8 @@ class _Emitter:
             a, b = self._expr(e.lhs, env, s), self._expr(e.rhs, env, s)
             if e.op in ("/", "%") and T.is_int(e.lhs.dtype):
                 code = self._site("division" if e.op == "/" else "modulo", s, "", 0, e.span)
+                if T.is_unsigned(e.lhs.dtype):  # floor and truncation agree; keep the full unsigned range
+                    return f"(({ct})({a} {e.op} ({ct})tc_unz({b}, {code}, tc_err)))"
                 f = "tc_fdiv" if e.op == "/" else "tc_fmod"
                 return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, tc_err)))"
             if e.op == "%":
