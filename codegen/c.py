@@ -20,6 +20,7 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, L
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
+from . import regtile
 from .writer import LineWriter
 
 CTYPE = {
@@ -91,14 +92,16 @@ class CSource:
         return self.text
 
 
-def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel") -> CSource:
+def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel",
+         vectorize: bool = True) -> CSource:
     """C source for ``ir``; ``strides`` gives each tensor's element strides."""
-    return _Emitter(scop, strides, fn).run(ir)
+    return _Emitter(scop, strides, fn, vectorize).run(ir)
 
 
 class _Emitter:
-    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str) -> None:
+    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool) -> None:
         self.scop = scop
+        self.vectorize = vectorize
         self.c = scop.inst.checked
         self.strides = strides
         self.fn = fn
@@ -136,6 +139,11 @@ class _Emitter:
     # ---- loops ----
     def _node(self, n: LNode) -> None:
         w = self.w
+        if isinstance(n, LFor):
+            rt = regtile.match(n, self.scop, self.c)
+            if rt is not None:
+                self._register_tile(rt)
+                return
         if isinstance(n, LFor) and self._accumulate(n):
             return
         if isinstance(n, LFor):
@@ -162,6 +170,51 @@ class _Emitter:
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
+
+    def _register_tile(self, rt: regtile.RegisterTile) -> None:
+        """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile)."""
+        st = self.scop.stmt(rt.call.stmt)
+        s = self.c.stmts[st.number - 1]
+        t = self.tensors[s.tensor]
+        ctype = CTYPE[t.dtype]
+        args = dict(zip(st.indices, rt.call.args))
+        outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
+        target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
+        acc = "acc" + "".join(f"[{f.var} - {_top(self._lexpr(f.init))}]" for f in rt.inner)
+        w = self.w
+        w.line(f"{{  // statement {s.number}: a {'x'.join(map(str, rt.extents))} register tile of {s.tensor} "
+               f"across {rt.loop.var}")
+        with w.indent():
+            w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
+            self._tile_loops(rt, f"{acc} = {target};")
+            loop = rt.loop
+            w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
+                   f"{loop.var} += {loop.step}) {{")
+            with w.indent():
+                self._tile_loops(rt, None, acc)
+            w.line("}")
+            self._tile_loops(rt, f"{target} = {acc};")
+        w.line("}")
+
+    def _tile_loops(self, rt: regtile.RegisterTile, copy: str | None, acc: str = "") -> None:
+        """The tile loops of ``rt`` around ``copy`` (a load or store of the tile), or around the
+        statement updating ``acc`` (unrolled outer loops, vectorised innermost loop)."""
+        w = self.w
+        for k, f in enumerate(rt.inner):
+            last = k == len(rt.inner) - 1
+            if last and f.parallel and self.vectorize:
+                w.line("#pragma omp simd")
+            elif copy is None:
+                w.line(f"#pragma GCC unroll {rt.extents[k]}")
+            w.line(f"for (long {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; {f.var} += 1) {{")
+            w.push()
+        if copy is not None:
+            w.line(copy)
+        else:
+            self._statement_body(rt.call, acc)
+        for _ in rt.inner:
+            w.pop()
+            w.line("}")
 
     def _accumulate(self, n: LFor) -> bool:
         """An innermost reduction loop into one element: keep the element in a local accumulator

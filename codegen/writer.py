@@ -18,6 +18,12 @@ class LineWriter:
     def raw(self, text: str) -> None:
         self._lines.extend(text.rstrip("\n").split("\n"))
 
+    def push(self) -> None:
+        self._depth += 1
+
+    def pop(self) -> None:
+        self._depth -= 1
+
     @contextmanager
     def indent(self) -> Iterator[None]:
         self._depth += 1

@@ -98,42 +98,85 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
     if not (band.band_get_permutable() or n == 1):
         return band
     infos = [member_info(band, i, scop) for i in range(n)]
-    sizes = _tile_sizes(infos, options)
-    if any(s > 1 for s in sizes):
+    p = plan(infos, [bool(band.band_member_get_coincident(i)) for i in range(n)], options)
+    if any(s > 1 for s in p.tile):
         mv = isl.MultiVal.zero(band.band_get_space())
         ctx = band.get_ctx()
-        for i, s in enumerate(sizes):
-            # a size of 1 would keep the member whole inside the point band: tile by its extent instead
+        for i, s in enumerate(p.tile):
+            # an untiled member keeps its whole range in the point band: tile it by its extent
             mv = mv.set_val(i, isl.Val.int_from_si(ctx, s if s > 1 else max(infos[i].extent, 1)))
         band = band.band_tile(mv).child(0)
         _maybe_check(band, deps)
     if n > 1 and band.band_get_permutable():
-        order = options.point_order if options.point_order and len(options.point_order) == n else \
-            _point_order(infos)
-        band = permute(band, list(order))
+        band = permute(band, p.order)
         _maybe_check(band, deps)
-    if options.register_tile:
-        band = _register_tile(band, options.register_tile)
+    if any(r > 1 for r in p.register):
+        band = _register_tile(band, p.register)
         _maybe_check(band, deps)
     return band
 
 
-def _tile_sizes(infos: list[MemberInfo], options: MappingOptions) -> list[int]:
-    if options.tile is not None:
-        sizes = list(options.tile) + [0] * len(infos)
-        return [sizes[i] for i in range(len(infos))]
-    return [DEFAULT_TILE if info.extent > DEFAULT_TILE else 0 for info in infos]
+@dataclass(frozen=True)
+class Plan:
+    tile: list[int]  # per band member (original order); 0 or 1: untiled
+    order: list[int]  # the point loops, outermost first (original member numbers)
+    register: list[int]  # register-tile size per point loop (in ``order``); 1: none
 
 
-def _point_order(infos: list[MemberInfo]) -> list[int]:
-    """Innermost: the member with the most contiguous and fewest strided accesses; the others
-    keep their order (outermost first)."""
-    def score(i: int) -> tuple[int, int, int]:
-        m = infos[i]
-        return (m.contiguous - m.strided, m.invariant, i)
+def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOptions) -> Plan:
+    """Tile sizes, point order and register tiles for one band: the options' where given, else
+    the default heuristic. A band with a reduction (a non-coincident member) and a parallel
+    member walking contiguous memory becomes a BLAS-like nest: cache tiles, then the reduction
+    loops inside register tiles of a 'row' member x the contiguous member (the target tile stays
+    in registers across the reduction); other bands put their most contiguous member innermost."""
+    n = len(infos)
+    par = [i for i in range(n) if coincident[i]]
+    red = [i for i in range(n) if not coincident[i]]
 
-    inner = max(range(len(infos)), key=score)
-    return [i for i in range(len(infos)) if i != inner] + [inner]
+    def contiguity(i: int) -> tuple[int, int, int]:
+        return (infos[i].contiguous - infos[i].strided, infos[i].invariant, i)
+
+    contig = max(par, key=contiguity) if par else None
+    row = None
+    if red and contig is not None and infos[contig].contiguous > 0:
+        others = [i for i in par if i != contig]
+        row = max(others, key=lambda i: (infos[i].invariant, i)) if others else None
+        order = [i for i in others if i != row] + ([row] if row is not None else []) + [contig] + red
+    elif par:
+        inner = max(range(n), key=contiguity)
+        order = [i for i in range(n) if i != inner] + [inner]
+        contig = inner if inner in par else None
+        red = []
+    else:
+        order = list(range(n))
+
+    def default_tile(i: int) -> int:
+        size = 256 if i == contig else 64 if i == row else 128 if i in red else DEFAULT_TILE
+        return size if infos[i].extent > size else 0
+
+    def default_register(i: int) -> int:
+        if not red:
+            return 1
+        if i == row:
+            return 4 if infos[i].extent >= 4 else 1
+        if i == contig:
+            return 64 if infos[i].extent >= 64 else 32 if infos[i].extent >= 32 else 1
+        return 1
+
+    tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
+    if options.point_order is not None and len(options.point_order) == n:
+        order = list(options.point_order)
+    if options.register_tile is not None:
+        register = _fit(options.register_tile, n, 1)
+    elif options.point_order is None:
+        register = [default_register(i) for i in order]
+    else:
+        register = [1] * n
+    return Plan(tile, order, register)
+
+
+def _fit(values: tuple[int, ...], n: int, fill: int) -> list[int]:
+    return (list(values) + [fill] * n)[:n]
 
 
 def permute(band: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
@@ -154,20 +197,14 @@ def permute(band: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     return node
 
 
-def _register_tile(band: isl.ScheduleNode, sizes: tuple[int, ...]) -> isl.ScheduleNode:
-    n = band.band_n_member()
-    vals = (list(sizes) + [1] * n)[:n]
-    if all(v <= 1 for v in vals):
-        return band
+def _register_tile(band: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
+    """Tile the point band again: members of size 1 move out (a reduction loop ends up outside
+    the register tile), the others leave small inner loops that the C emitter keeps in registers."""
     mv = isl.MultiVal.zero(band.band_get_space())
     ctx = band.get_ctx()
-    for i, v in enumerate(vals):
+    for i, v in enumerate(sizes):
         mv = mv.set_val(i, isl.Val.int_from_si(ctx, max(v, 1)))
-    inner = band.band_tile(mv).child(0)
-    for i, v in enumerate(vals):
-        if v > 1:
-            inner = inner.band_member_set_ast_loop_type(i, isl.ast_loop_type.unroll)
-    return inner
+    return band.band_tile(mv).child(0)
 
 
 def _maybe_check(node: isl.ScheduleNode, deps: Deps) -> None:

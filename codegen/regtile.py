@@ -1,0 +1,107 @@
+"""Register tiles: ``LFor -> RegisterTile | None``, the reduction nests whose target can live in a
+small local array (held in registers) for the whole of a serial loop.
+
+The pattern is the micro-kernel of a contraction: a serial loop ``L`` (the reduction) around a
+perfect nest of small loops ``I1..Id`` (constant trip bounds) around one reduction statement
+whose target moves with ``I1..Id`` one element per step and not at all with ``L``. The target
+tile is then loaded once before ``L``, updated in ``acc[I1][I2]...`` and stored once after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tcdsl.checked import CheckedDef
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar
+from tcdsl.polyhedral.scop import Scop
+
+MAX_ELEMENTS = 512
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    loop: LFor  # the serial reduction loop
+    inner: tuple[LFor, ...]  # the tile loops, outermost first
+    call: LCall
+    extents: tuple[int, ...]  # the bound on each tile loop's trip count (the acc array's shape)
+
+
+def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
+    if n.parallel or len(n.body) != 1 or not isinstance(n.body[0], LFor):
+        return None
+    inner: list[LFor] = []
+    node = n.body[0]
+    while isinstance(node, LFor):
+        inner.append(node)
+        if len(node.body) != 1:
+            return None
+        node = node.body[0]
+    if not isinstance(node, LCall) or len(inner) > 3:
+        return None
+    st = scop.stmt(node.stmt)
+    s = checked.stmts[st.number - 1]
+    if st.kind != "update" or s.op == "=":
+        return None
+    args = dict(zip(st.indices, node.args))
+    lhs = [args[i] for i in s.lhs]
+    inner_vars = [f.var for f in inner]
+    if any(n.var in _vars(a) for a in lhs):
+        return None
+    extents = []
+    for f in inner:
+        if f.step != 1 or n.var in _vars(f.init) or n.var in _vars(f.cond) or not isinstance(f.init, LInt):
+            return None
+        hi = _const_upper(f)
+        if hi is None:
+            return None
+        extents.append(hi - f.init.value + 1)
+        if sum(1 for a in lhs if f.var in _vars(a)) != 1 or not any(_unit_in(a, f.var, inner_vars) for a in lhs):
+            return None
+    total = 1
+    for e in extents:
+        total *= e
+    if total > MAX_ELEMENTS or total < 2:
+        return None
+    return RegisterTile(n, tuple(inner), node, tuple(extents))
+
+
+def _const_upper(f: LFor) -> int | None:
+    """A constant the loop variable never exceeds, from ``var <= E`` / ``var < E``."""
+    c = f.cond
+    if not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)):
+        return None
+    bound = _const_in(c.args[1])
+    if bound is None:
+        return None
+    return bound - (1 if c.op == "<" else 0)
+
+
+def _const_in(e: LExpr) -> int | None:
+    if isinstance(e, LInt):
+        return e.value
+    if isinstance(e, LOp) and e.op == "min":
+        vals = [v for v in (_const_in(a) for a in e.args) if v is not None]
+        return min(vals) if vals else None
+    return None
+
+
+def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:
+    """``e`` is ``var`` or ``X + var`` / ``var + X`` with no tile variable in ``X``."""
+    if e == LVar(var):
+        return True
+    if isinstance(e, LOp) and e.op == "+" and len(e.args) == 2:
+        a, b = e.args
+        other = b if a == LVar(var) else a if b == LVar(var) else None
+        return other is not None and not (_vars(other) & set(inner))
+    return False
+
+
+def _vars(e: LExpr) -> set[str]:
+    if isinstance(e, LVar):
+        return {e.name}
+    if isinstance(e, LOp):
+        out: set[str] = set()
+        for a in e.args:
+            out |= _vars(a)
+        return out
+    return set()
