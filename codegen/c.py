@@ -373,12 +373,39 @@ class _Emitter:
                 return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, tc_err)))"
             if e.op == "%":
                 return f"fmod{'f' if e.dtype == 'float32' else ''}({a}, {b})"
+            if e.op in ("&&", "||") and self._pure(e.lhs, s) and self._pure(e.rhs, s):
+                # both sides are safe to evaluate: no branch (GCC 12 mis-vectorises some && / || chains)
+                return f"((bool){a} {e.op[0]} (bool){b})"
             if e.op in ("&&", "||", "==", "!=", "<", "<=", ">", ">="):
                 return f"({a} {e.op} {b})"
             return f"(({ct})({a} {e.op} {b}))"
         if isinstance(e, Call):
             return self._builtin(e, [self._expr(x, env, s) for x in e.args])
         raise TypeError(e)
+
+    def _pure(self, e: TExpr, s: Statement) -> bool:
+        """No check can fail while evaluating ``e``: no gather, no conditional read that may leave
+        its tensor, no integer division."""
+        if isinstance(e, Read):
+            if not all(isinstance(x, Sym) for x in e.subs):
+                return False
+            if not e.conditional:
+                return True
+            box = {r.name: (r.lo.subs(self.sizes), r.hi.subs(self.sizes)) for r in s.ranges}
+            shape = self.shapes[e.tensor]
+            return all(_inside(x.subs(self.sizes), box, shape[d]) for d, x in enumerate(e.subs)
+                       if isinstance(x, Sym))
+        if isinstance(e, Binop):
+            if e.op in ("/", "%") and T.is_int(e.lhs.dtype):
+                return False
+            return self._pure(e.lhs, s) and self._pure(e.rhs, s)
+        if isinstance(e, (Unop, Convert)):
+            return self._pure(e.arg, s)
+        if isinstance(e, Select):
+            return all(self._pure(x, s) for x in (e.cond, e.then, e.other))
+        if isinstance(e, Call):
+            return all(self._pure(a, s) for a in e.args)
+        return True
 
     def _read(self, e: Read, env: dict[str, str], s: Statement) -> str:
         shape = self.shapes[e.tensor]

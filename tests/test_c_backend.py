@@ -233,6 +233,24 @@ def test_schedule_invariance_corners(name: str, fusion: str):
         _invariance(name, opts)
 
 
+LOGIC = "def logic(float(N) A, float(N) B) -> (L) { L(i) = (A(i) > 0.0 && B(i) > 0.0) || A(i) < -0.5 ? 1 : 2 }"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("vectorize", [False, True])
+@pytest.mark.parametrize("rt", [None, (2,), (3,), (4,), (5,)])
+def test_short_circuit_logic_under_register_tiles(rt: tuple[int, ...] | None, vectorize: bool):
+    """Unroll-and-jam copies of a statement with `&&`/`||` (gcc 12 -O3 once vectorised these wrongly)."""
+    k = tc.define(LOGIC)
+    for seed in range(3):
+        A, B = make_inputs((Arr("float32", (30,)), Arr("float32", (30,))), seed=seed)
+        want = np.where(((A > 0) & (B > 0)) | (A < -0.5), 1, 2).astype(np.int32)
+        np.testing.assert_array_equal(k(A, B, backend="numpy"), want)
+        for openmp in (False, True):
+            opts = MappingOptions(register_tile=rt, vectorize=vectorize, openmp=openmp)
+            np.testing.assert_array_equal(k(A, B, backend="c", options=opts), want, err_msg=f"seed {seed}, {opts}")
+
+
 # ---- 3. legality ---------------------------------------------------------------------------------
 
 
@@ -473,6 +491,21 @@ def test_compiler_failure_raises_with_stderr_and_kept_source(tmp_path: Path, fre
     assert not [n for n in names if n.endswith(".so") or n.startswith(".")], names
 
 
+@pytest.mark.cpu
+def test_missing_compiler_raises_compile_error(tmp_path: Path, fresh_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    missing = tmp_path / "no-such-cc"
+    monkeypatch.setenv("CC", str(missing))
+    toolchain.compiler_version.cache_clear()
+    try:
+        k = tc.define(MATMUL)
+        with pytest.raises(TcCompileError) as ei:
+            k(f32((3, 2)), f32((2, 4)), backend="c")
+    finally:
+        toolchain.compiler_version.cache_clear()
+    assert str(missing) in ei.value.message
+    assert "cannot be run" in ei.value.message
+
+
 # ---- 7. C keywords as TC names -----------------------------------------------------------------------
 
 KEYWORD_DEF = """def main(float(int, long) for, float(long, char) static, float(char) restrict) -> (return, void) {
@@ -625,6 +658,29 @@ def test_gather_on_the_taken_branch_still_raises_in_c():
     e, ref = _both_raise(k, [np.ones(3, np.float32), np.array([0, -2, 1], np.int32)])
     assert "'Tab'" in e.message and "read at -2," in e.message and str(e) == str(ref)
     assert (e.location.line, e.location.col) == (2, 33)
+
+
+INT64_MIN_DIV = textwrap.dedent("""
+    import numpy as np
+    import tcdsl as tc
+    for op in ("/", "%"):
+        k = tc.define("def q(int64(N) A, int64(N) B) -> (Q) { Q(i) = A(i) " + op + " B(i) }")
+        A = np.array([np.iinfo(np.int64).min, 7, -7], np.int64)
+        B = np.array([-1, 2, -1], np.int64)
+        print(op, k(A, B, backend="c").tolist())
+""")
+
+
+@pytest.mark.cpu
+def test_int64_min_divided_by_minus_one_does_not_crash(tmp_path: Path):
+    """LONG_MIN / -1 traps on x86; the kernel must give the wrapped floor results (as numpy), not
+    kill the process. Run in a child so that a crash fails this test only."""
+    env = dict(os.environ, TCDSL_CACHE_DIR=str(tmp_path / "cache"))
+    p = subprocess.run([sys.executable, "-c", INT64_MIN_DIV], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, f"rc {p.returncode}: {p.stderr[-2000:]}"
+    lo = np.iinfo(np.int64).min
+    assert p.stdout.splitlines() == [f"/ {[lo, 3, 7]}", f"% {[0, 1, 0]}"]
 
 
 # ---- 9. parallelism ------------------------------------------------------------------------------
