@@ -20,7 +20,7 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, L
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import regtile
+from . import contract, regtile
 from .writer import LineWriter
 
 CTYPE = {
@@ -87,6 +87,7 @@ class CSource:
     text: str
     params: tuple[str, ...]  # TC tensor names, in argument order
     errors: tuple[ErrorSite, ...]
+    contracted: tuple[str, ...] = ()  # temporaries that live in scalars (no memory needed)
 
     def __str__(self) -> str:
         return self.text
@@ -112,7 +113,7 @@ class _Emitter:
         self.shapes = scop.inst.shapes
         self.sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
         self.errors: list[ErrorSite] = []
-        self.stmt_bodies: dict[str, list[str]] = {}
+        self.scalars: dict[str, str] = {}  # contracted temporaries -> their C scalar
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -129,12 +130,21 @@ class _Emitter:
             params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
         params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
+        self.contracted = contract.contractible(ir, self.scop)
         with w.indent():
-            for n in ir.body:
-                self._node(n)
+            self._body(ir.body)
             w.line("return (int)tc_err[0];")
         w.line("}")
-        return CSource(self.fn, w.text(), self.order, tuple(self.errors))
+        return CSource(self.fn, w.text(), self.order, tuple(self.errors), tuple(sorted(self.contracted)))
+
+    def _body(self, body: tuple[LNode, ...]) -> None:
+        for name, where in self.contracted.items():
+            if where == id(body):
+                self.scalars[name] = f"s{self.order.index(name)}"
+                self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
+                            f"contracted to a scalar")
+        for n in body:
+            self._node(n)
 
     # ---- loops ----
     def _node(self, n: LNode) -> None:
@@ -154,19 +164,16 @@ class _Emitter:
             cond = _top(self._lexpr(n.cond))
             w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {cond}; {n.var} += {n.step}) {{")
             with w.indent():
-                for b in n.body:
-                    self._node(b)
+                self._body(n.body)
             w.line("}")
         elif isinstance(n, LIf):
             w.line(f"if ({_top(self._lexpr(n.cond))}) {{")
             with w.indent():
-                for b in n.then:
-                    self._node(b)
+                self._body(n.then)
             if n.other:
                 w.line("} else {")
                 with w.indent():
-                    for b in n.other:
-                        self._node(b)
+                    self._body(n.other)
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
@@ -288,7 +295,8 @@ class _Emitter:
             for k, (name, arg) in enumerate(zip(st.indices, n.args)):
                 w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
                 env[name] = f"x{k}"
-            target = acc or self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
+            target = acc or self.scalars.get(s.tensor) or \
+                self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             ctype = CTYPE[self.tensors[s.tensor].dtype]
             if st.kind == "init":
                 w.line(f"{target} = {_literal(T.identity(s.op, self.tensors[s.tensor].dtype), ctype)};")
@@ -408,6 +416,8 @@ class _Emitter:
         return True
 
     def _read(self, e: Read, env: dict[str, str], s: Statement) -> str:
+        if e.tensor in self.scalars:
+            return self.scalars[e.tensor]
         shape = self.shapes[e.tensor]
         box = {r.name: (r.lo.subs(self.sizes), r.hi.subs(self.sizes)) for r in s.ranges}
         texts = []

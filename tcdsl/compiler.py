@@ -96,7 +96,8 @@ class CKernel:
         c = self.inst.checked
         arrays = dict(inputs)
         for t in (*c.outputs, *c.temps):
-            arrays[t.name] = np.zeros(self.inst.shapes[t.name], dtype=t.dtype)
+            shape = (0,) if t.name in self.low.source.contracted else self.inst.shapes[t.name]
+            arrays[t.name] = np.zeros(shape, dtype=t.dtype)
         err = np.zeros(2, dtype=np.int64)
         code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params), err.ctypes.data)
         if code:

@@ -1,0 +1,552 @@
+"""CPU benchmark: tcdsl's C backend against numpy/BLAS and PyTorch eager, side by side in one process.
+
+usage: .venv/bin/python benchmarks/cpu.py [--only NAME[,NAME...]] [--rounds N] [--no-torch] [--options JSON]
+
+Every contender runs in this one process, timed round-robin (each round times one call of each
+contender, the starting contender rotating), so that the load of a shared machine hits all alike;
+the table shows each contender's median. Warm-up calls come first; tcdsl's compile is timed apart.
+Every tcdsl result is checked against numpy: a mismatch is marked FAIL and the exit status is 1.
+A STREAM-like triad measured here gives the machine's bandwidth for the memory-bound kernels.
+The closing "targets" section says which of issue 3's performance targets are met.
+
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (set on some machines) slow numpy's BLAS down; this script
+unsets both for its own process before numpy loads (re-executing itself when they were set).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_UNSET_MARK = "TCDSL_BENCH_UNSET_BLAS_ENV"  # records, across the re-exec, what was unset
+
+
+def _clean_blas_env() -> None:
+    """Unset the OpenBLAS overrides, then re-exec so that numpy's BLAS starts from a clean environment."""
+    found = [f"{v}={os.environ[v]}" for v in _BLAS_ENV if v in os.environ]
+    if not found:
+        return
+    for v in _BLAS_ENV:
+        os.environ.pop(v, None)
+    os.environ[_UNSET_MARK] = " ".join(found)
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    _clean_blas_env()
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
+
+import tcdsl as tc  # noqa: E402
+from tcdsl.options import MappingOptions  # noqa: E402
+
+F32 = np.float32
+RTOL = 1e-4  # max |tcdsl - numpy| / max |numpy|; float32 sums of <= 1024 terms stay far below this
+TIME_BUDGET_S = 2.0  # auto rounds: about this much timing per kernel (all contenders together)
+MIN_ROUNDS, MAX_ROUNDS = 7, 60
+TRIAD_N = 32 << 20  # 32M float32 per array
+TRIAD_REPS = 10
+
+# ----------------------------------------------------------------------------------------------
+# TC sources
+
+MATMUL = "def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }"
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,r_k) * B(n,r_k) }"
+BMM = "def bmm(float(Bt,M,K) A, float(Bt,K,N) B) -> (C) { C(b,m,n) +=! A(b,m,r_k) * B(b,r_k,n) }"
+CONV2D = """def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
+}"""
+GROUP_CONV = """def group_conv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
+    O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
+}"""
+FC_RELU = """def fc_relu(float(B,M) I, float(N,M) W1, float(N) B1) -> (O) {
+    O(b,n) +=! I(b,r_m) * W1(n,r_m)
+    O(b,n) = fmax(O(b,n) + B1(n), 0.0)
+}"""
+MLP2 = """def mlp2(float(B,M) I, float(N,M) W1, float(N) B1, float(P,N) W2, float(P) B2) -> (O2) {
+    O1(b,n) +=! I(b,r_m) * W1(n,r_m)
+    O1(b,n) = fmax(O1(b,n) + B1(n), 0.0)
+    O2(b,p) +=! O1(b,r_n) * W2(p,r_n)
+    O2(b,p) = fmax(O2(b,p) + B2(p), 0.0)
+}"""
+SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
+    mx(n) max=! X(n,r_d)
+    e(n,d) = exp(X(n,d) - mx(n))
+    s(n) +=! e(n,r_d)
+    Y(n,d) = e(n,d) / s(n)
+}"""
+LAYERNORM = """def layernorm(float(N,D) X) -> (Y) {
+    s(n) +=! X(n,r_d)
+    mu(n) = s(n) / float(D)
+    v(n) +=! (X(n,r_d) - mu(n)) * (X(n,r_d) - mu(n))
+    Y(n,d) = (X(n,d) - mu(n)) * rsqrt(v(n) / float(D) + 1e-5)
+}"""
+ELEMENTWISE = "def tanh_fma(float(N) A, float(N) B, float(N) C) -> (O) { O(i) = tanh(A(i) * B(i) + C(i)) }"
+TRANSPOSE = "def transpose(float(M,N) A) -> (O) { O(j,i) = A(i,j) }"
+MAXPOOL = """def maxpool(float(N,C,H,W) I) -> (O) {
+    O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) where r_kh in 0:2, r_kw in 0:2
+}"""
+
+# ----------------------------------------------------------------------------------------------
+# numpy references (what a numpy user would write: BLAS where it applies, im2col for convolutions)
+
+
+def np_conv2d(I: np.ndarray, W: np.ndarray) -> np.ndarray:
+    win = sliding_window_view(I, W.shape[2:], axis=(2, 3))  # (N, C, H', W', KH, KW)
+    return np.ascontiguousarray(np.einsum("nchwij,fcij->nfhw", win, W, optimize=True))
+
+
+def np_group_conv(I: np.ndarray, W: np.ndarray) -> np.ndarray:
+    N, G, C, _, _ = I.shape
+    _, F, _, KH, KW = W.shape
+    win = sliding_window_view(I, (KH, KW), axis=(3, 4))  # (N, G, C, H', W', KH, KW)
+    Ho, Wo = win.shape[3], win.shape[4]
+    cols = win.transpose(1, 0, 3, 4, 2, 5, 6).reshape(G, N * Ho * Wo, C * KH * KW)  # im2col (a copy)
+    out = np.matmul(cols, W.reshape(G, F, C * KH * KW).transpose(0, 2, 1))  # (G, N*H'*W', F), BLAS per group
+    return np.ascontiguousarray(out.reshape(G, N, Ho, Wo, F).transpose(1, 0, 4, 2, 3))
+
+
+def np_fc_relu(I: np.ndarray, W1: np.ndarray, B1: np.ndarray) -> np.ndarray:
+    O = I @ W1.T
+    O += B1
+    return np.maximum(O, 0, out=O)
+
+
+def np_mlp2(I: np.ndarray, W1: np.ndarray, B1: np.ndarray, W2: np.ndarray, B2: np.ndarray) -> np.ndarray:
+    return np_fc_relu(np_fc_relu(I, W1, B1), W2, B2)
+
+
+def np_softmax(X: np.ndarray) -> np.ndarray:
+    e = X - X.max(axis=1, keepdims=True)
+    np.exp(e, out=e)
+    e /= e.sum(axis=1, keepdims=True)
+    return e
+
+
+def np_layernorm(X: np.ndarray) -> np.ndarray:
+    d = X - X.mean(axis=1, keepdims=True)
+    var = np.einsum("nd,nd->n", d, d)[:, None] / F32(X.shape[1])
+    d *= 1 / np.sqrt(var + F32(1e-5))
+    return d
+
+
+def np_tanh_fma(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> np.ndarray:
+    t = A * B
+    t += C
+    return np.tanh(t, out=t)
+
+
+def np_maxpool(I: np.ndarray) -> np.ndarray:
+    N, C, H, W = I.shape
+    return I.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5))
+
+
+# ----------------------------------------------------------------------------------------------
+# torch eager references (built once torch is imported)
+
+
+def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
+    F = torch.nn.functional
+
+    def group_conv(I: Any, W: Any) -> Any:
+        N, G, C, H, Wd = I.shape
+        _, Fo, _, KH, KW = W.shape
+        O = F.conv2d(I.reshape(N, G * C, H, Wd), W.reshape(G * Fo, C, KH, KW), groups=G)
+        return O.reshape(N, G, Fo, O.shape[2], O.shape[3])
+
+    return {
+        "matmul": torch.matmul,
+        "tmm": lambda A, B: torch.matmul(A, B.t()),
+        "bmm": torch.bmm,
+        "conv2d": F.conv2d,
+        "group_conv": group_conv,
+        "fc_relu": lambda I, W1, B1: F.relu(F.linear(I, W1, B1)),
+        "mlp2": lambda I, W1, B1, W2, B2: F.relu(F.linear(F.relu(F.linear(I, W1, B1)), W2, B2)),
+        "softmax": lambda X: torch.softmax(X, dim=1),
+        "layernorm": lambda X: F.layer_norm(X, X.shape[1:]),
+        "tanh_fma": lambda A, B, C: torch.tanh(A * B + C),
+        "transpose": lambda A: A.t().contiguous(),
+        "maxpool": lambda I: F.max_pool2d(I, 2, 2),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# cases
+
+
+@dataclass
+class Case:
+    name: str  # what --only matches, and the first column
+    shape: str
+    source: str
+    torch_key: str
+    numpy_fn: Callable[..., np.ndarray]
+    input_shapes: Sequence[tuple[int, ...]]
+    bytes_moved: int = 0  # memory-bound kernels: the bytes one call must read and write (no write-allocate)
+
+
+@dataclass
+class Result:
+    case: Case
+    times: dict[str, float] = field(default_factory=dict)  # contender -> median seconds
+    rounds: int = 0
+    compile_s: float | None = None
+    rel_err: float | None = None
+    status: str = "ok"  # ok | FAIL | ERROR
+    note: str = ""
+
+
+def cases() -> list[Case]:
+    n_ew = 1 << 24
+    return [
+        Case("matmul_1024", "1024x1024x1024", MATMUL, "matmul", lambda A, B: A @ B, [(1024, 1024), (1024, 1024)]),
+        Case("matmul_256", "256x256x256", MATMUL, "matmul", lambda A, B: A @ B, [(256, 256), (256, 256)]),
+        Case("tmm_1024", "1024x1024x1024, C=A*B^T", TMM, "tmm", lambda A, B: A @ B.T, [(1024, 1024), (1024, 1024)]),
+        Case("bmm", "64 x 128x128x128", BMM, "bmm", np.matmul, [(64, 128, 128), (64, 128, 128)]),
+        Case("conv2d", "N8 C64 56x56 F64 3x3", CONV2D, "conv2d", np_conv2d, [(8, 64, 56, 56), (64, 64, 3, 3)]),
+        Case("group_conv", "N32 G32 C=F=16 28x28 3x3", GROUP_CONV, "group_conv", np_group_conv,
+             [(32, 32, 16, 28, 28), (32, 16, 16, 3, 3)]),
+        Case("fc_relu", "128x1024 -> 1024", FC_RELU, "fc_relu", np_fc_relu, [(128, 1024), (1024, 1024), (1024,)]),
+        Case("mlp2", "128x1024 -> 1024 -> 512", MLP2, "mlp2", np_mlp2,
+             [(128, 1024), (1024, 1024), (1024,), (512, 1024), (512,)]),
+        Case("softmax", "4096x1024", SOFTMAX, "softmax", np_softmax, [(4096, 1024)]),
+        Case("layernorm", "4096x1024", LAYERNORM, "layernorm", np_layernorm, [(4096, 1024)]),
+        Case("tanh_fma", "tanh(A*B+C), 16M", ELEMENTWISE, "tanh_fma", np_tanh_fma, [(n_ew,)] * 3,
+             bytes_moved=4 * 4 * n_ew),
+        Case("transpose", "4096x4096", TRANSPOSE, "transpose", lambda A: np.ascontiguousarray(A.T), [(4096, 4096)],
+             bytes_moved=2 * 4 * 4096 * 4096),
+        Case("maxpool", "2x2/2, N32 C64 56x56", MAXPOOL, "maxpool", np_maxpool, [(32, 64, 56, 56)]),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# machine description and bandwidth
+
+
+def describe_machine(torch: Any, torch_note: str, options: MappingOptions) -> None:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    print("## machine")
+    print(f"- cpu: {cpu}, os.cpu_count() = {os.cpu_count()}, OMP_NUM_THREADS = {os.environ.get('OMP_NUM_THREADS')}")
+    print(f"- python {platform.python_version()}, numpy {np.__version__}, tcdsl {tc.__version__}")
+    try:
+        from tcdsl.codegen import toolchain
+
+        print(f"- C compiler: {' '.join(toolchain.compiler())}")
+    except Exception as e:  # the toolchain module is not ours; a change there must not stop the benchmark
+        print(f"- C compiler: unknown ({e})")
+    unset = os.environ.get(_UNSET_MARK)
+    print(f"- BLAS environment: {'unset for this process: ' + unset if unset else 'no OPENBLAS_CORETYPE/L2_SIZE set'}")
+    try:
+        from threadpoolctl import threadpool_info
+
+        for info in threadpool_info():
+            print(f"- threadpool {info.get('user_api')}: {info.get('internal_api')} {info.get('version')}, "
+                  f"architecture {info.get('architecture')}, num_threads {info.get('num_threads')} "
+                  f"({os.path.basename(info.get('filepath', ''))})")
+    except ImportError:
+        print("- threadpoolctl not installed: cannot tell which BLAS kernel numpy runs")
+    if torch is not None:
+        print(f"- torch {torch.__version__}, {torch.get_num_threads()} threads")
+    else:
+        print(f"- torch: {torch_note}")
+    print(f"- tcdsl mapping options: {options.to_json()}")
+    print(f"- load average (1, 5, 15 min): {load_avg()}")
+    print()
+
+
+def load_avg() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def triad_bandwidth(torch: Any) -> tuple[float, str]:
+    """Best-of-N GB/s of a = b + s*c on 32M float32 (3 arrays * 4 bytes per element), measured here.
+
+    numpy has no fused triad, so it runs in L2-sized chunks (a = c*s, then a += b while the chunk of
+    a is still in cache): memory sees exactly one read of b and c and one write of a. Once on one
+    thread, once split over all cores (ufuncs release the GIL). torch's one-pass triad is shown too.
+    """
+    n = TRIAD_N
+    a = np.zeros(n, F32)
+    b = np.full(n, 1.0, F32)
+    c = np.full(n, 2.0, F32)
+    s = F32(3.0)
+    chunk = 1 << 16
+
+    def part(lo: int, hi: int) -> None:
+        for i in range(lo, hi, chunk):
+            j = min(i + chunk, hi)
+            x = a[i:j]
+            np.multiply(c[i:j], s, out=x)
+            np.add(x, b[i:j], out=x)
+
+    nt = os.cpu_count() or 1
+    step = -(-n // nt)
+    with ThreadPoolExecutor(nt) as pool:
+        def threaded() -> None:
+            list(pool.map(lambda t: part(t * step, min(n, (t + 1) * step)), range(nt)))
+
+        variants: list[tuple[str, Callable[[], None]]] = [("numpy, 1 thread", lambda: part(0, n)),
+                                                          (f"numpy, {nt} threads", threaded)]
+        if torch is not None:
+            ta, tb, tcc = (torch.from_numpy(x) for x in (a, b, c))
+            variants.append((f"torch.add, {torch.get_num_threads()} threads",
+                             lambda: torch.add(tb, tcc, alpha=3.0, out=ta)))
+        gbs: dict[str, float] = {}
+        for name, fn in variants:
+            fn()
+            best = math.inf
+            for _ in range(TRIAD_REPS):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            gbs[name] = 3 * 4 * n / best / 1e9
+    if not np.allclose(a[:: n // 7], 7.0):
+        raise SystemExit("triad: wrong result")
+    ref_name = max((k for k in gbs if k.startswith("numpy")), key=lambda k: gbs[k])
+    print("## bandwidth (STREAM-like triad a = b + s*c, 32M float32, best of "
+          f"{TRIAD_REPS}, 3 arrays * 4 bytes)")
+    for k, v in gbs.items():
+        print(f"- {k}: {v:.1f} GB/s{'   <- reference' if k == ref_name else ''}")
+    print()
+    return gbs[ref_name], ref_name
+
+
+# ----------------------------------------------------------------------------------------------
+# timing
+
+
+def rel_err(got: Any, want: np.ndarray) -> float:
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        return math.inf
+    scale = float(np.max(np.abs(want))) or 1.0
+    err = np.abs(got.astype(np.float64) - want)
+    if np.isnan(err).any():
+        return math.inf
+    return float(err.max()) / scale
+
+
+def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, Any], options: MappingOptions,
+             rounds_arg: int | None) -> Result:
+    res = Result(case)
+    arrays = [rng.standard_normal(s, dtype=F32) for s in case.input_shapes]
+    want = case.numpy_fn(*arrays)
+    contenders: dict[str, Callable[[], Any]] = {}
+
+    kernel = tc.define(case.source)
+    try:
+        t0 = time.perf_counter()
+        kernel.compiled(*arrays, options=options)
+        res.compile_s = time.perf_counter() - t0
+        got = kernel(*arrays, backend="c", options=options)
+        res.rel_err = rel_err(got, want)
+        if not res.rel_err <= RTOL:
+            res.status = "FAIL"
+    except Exception as e:  # a crash is reported in the table, the other kernels still run
+        res.status = "ERROR"
+        res.note = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        traceback.print_exc()
+    if res.status != "ERROR":
+        contenders["tcdsl"] = lambda: kernel(*arrays, backend="c", options=options)
+    contenders["numpy"] = lambda: case.numpy_fn(*arrays)
+    if torch is not None:
+        tensors = [torch.from_numpy(a) for a in arrays]
+        torch_fn = timpl[case.torch_key]
+        t_err = rel_err(torch_fn(*tensors).numpy(), want)
+        if not t_err <= RTOL:  # the references must agree, or the ratios mean nothing
+            res.note += f" torch disagrees with numpy (rel err {t_err:.1e})"
+        contenders["torch"] = lambda: torch_fn(*tensors)
+
+    # warm-up: two calls each, the second one timed to size the number of rounds
+    est = 0.0
+    for call in contenders.values():
+        call()
+        t0 = time.perf_counter()
+        call()
+        est += time.perf_counter() - t0
+    rounds = rounds_arg or max(MIN_ROUNDS, min(MAX_ROUNDS, int(TIME_BUDGET_S / max(est, 1e-6))))
+    samples: dict[str, list[float]] = {k: [] for k in contenders}
+    order = list(contenders)
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                call = contenders[name]
+                t0 = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    res.times = {k: statistics.median(v) for k, v in samples.items()}
+    res.rounds = rounds
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def fmt_ms(t: float | None) -> str:
+    return "-" if t is None else f"{t * 1e3:.3f}" if t < 0.01 else f"{t * 1e3:.2f}" if t < 1 else f"{t * 1e3:.0f}"
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None else num / den
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def table(results: list[Result]) -> None:
+    print("## times (median per call, ms; ratio > 1: tcdsl is faster)")
+    print()
+    print("| kernel | shape | tcdsl ms | numpy ms | torch ms | numpy/tcdsl | torch/tcdsl | max rel err | compile s |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for r in results:
+        t = r.times.get("tcdsl")
+        err = {"ok": f"{r.rel_err:.1e}", "FAIL": f"FAIL {r.rel_err:.1e}", "ERROR": "ERROR"}[r.status]
+        comp = "-" if r.compile_s is None else f"{r.compile_s:.2f}"
+        print(f"| {r.case.name} | {r.case.shape} | {fmt_ms(t)} | {fmt_ms(r.times.get('numpy'))} "
+              f"| {fmt_ms(r.times.get('torch'))} | {fmt_ratio(ratio(r.times.get('numpy'), t))} "
+              f"| {fmt_ratio(ratio(r.times.get('torch'), t))} | {err} | {comp} |")
+    print()
+    notes = [f"- {r.case.name}: {r.note.strip()}" for r in results if r.note.strip()]
+    rounds = ", ".join(f"{r.case.name} {r.rounds}" for r in results)
+    print(f"rounds (samples per contender): {rounds}; max rel err = max|tcdsl - numpy| / max|numpy|, "
+          f"FAIL above {RTOL:g}")
+    if notes:
+        print("notes:")
+        print("\n".join(notes))
+    print()
+
+
+def bandwidth_table(results: list[Result], triad: float) -> dict[str, float]:
+    """Achieved GB/s of the memory-bound kernels; returns tcdsl's fraction of the triad per kernel."""
+    rows = [r for r in results if r.case.bytes_moved]
+    frac: dict[str, float] = {}
+    if not rows:
+        return frac
+    print(f"## memory-bound kernels (GB/s = bytes read + written once / median time; triad {triad:.1f} GB/s)")
+    print()
+    print("| kernel | MB moved | tcdsl GB/s | numpy GB/s | torch GB/s | tcdsl / triad |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        gb = {k: r.case.bytes_moved / v / 1e9 for k, v in r.times.items()}
+        f = gb["tcdsl"] / triad if "tcdsl" in gb and r.status == "ok" else None
+        if f is not None:
+            frac[r.case.name] = f
+        cell = [f"{gb[k]:.1f}" if k in gb else "-" for k in ("tcdsl", "numpy", "torch")]
+        print(f"| {r.case.name} | {r.case.bytes_moved / 1e6:.0f} | {' | '.join(cell)} | "
+              f"{'-' if f is None else f'{f:.2f}'} |")
+    print()
+    return frac
+
+
+def targets(results: list[Result], frac: dict[str, float], have_torch: bool) -> None:
+    by = {r.case.name: r for r in results}
+    # (what, kernel, against, threshold)
+    goals = [("matmul 1024^3 >= 0.4x numpy", "matmul_1024", "numpy", 0.4),
+             ("softmax >= 1.0x torch eager", "softmax", "torch", 1.0),
+             ("FC + bias + relu >= 1.0x torch eager", "fc_relu", "torch", 1.0),
+             ("layernorm >= 0.8x torch eager", "layernorm", "torch", 0.8),
+             ("group conv >= 1.0x torch eager", "group_conv", "torch", 1.0),
+             ("elementwise >= 0.7x triad bandwidth", "tanh_fma", "triad", 0.7),
+             ("transpose >= 0.7x triad bandwidth", "transpose", "triad", 0.7)]
+    print("## targets (issue 3)")
+    print()
+    for what, name, against, thr in goals:
+        r = by.get(name)
+        if r is None:
+            verdict = "not run"
+        elif r.status != "ok":
+            verdict = f"not met ({'wrong result' if r.status == 'FAIL' else 'error'})"
+        elif against == "torch" and not have_torch:
+            verdict = "n/a (no torch)"
+        else:
+            x = frac.get(name) if against == "triad" else ratio(r.times.get(against), r.times.get("tcdsl"))
+            verdict = "n/a" if x is None else f"{'met' if x >= thr else 'NOT met'} ({x:.2f}x)"
+        print(f"- {what}: {verdict}")
+    print()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--only", help="run the kernels whose name contains this (comma-separated: any of these)")
+    ap.add_argument("--rounds", type=int, help=f"rounds per kernel (default: sized to ~{TIME_BUDGET_S:g} s of timing "
+                                                f"per kernel, {MIN_ROUNDS} to {MAX_ROUNDS})")
+    ap.add_argument("--no-torch", action="store_true", help="leave out the torch column")
+    ap.add_argument("--options", help="tcdsl MappingOptions as JSON, e.g. '{\"tile\": [32, 32, 32]}'")
+    a = ap.parse_args(argv)
+    if a.rounds is not None and a.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    options = MappingOptions.from_json(a.options) if a.options else MappingOptions()
+
+    torch: Any = None
+    torch_note = "skipped (--no-torch)"
+    if not a.no_torch:
+        try:
+            import torch  # type: ignore[no-redef]
+
+            torch.set_num_threads(os.cpu_count() or 1)
+        except ImportError as e:
+            torch, torch_note = None, f"not importable ({e}); torch columns left empty"
+    timpl = torch_impls(torch) if torch is not None else {}
+
+    selected = cases()
+    if a.only:
+        keys = [k.strip() for k in a.only.split(",") if k.strip()]
+        selected = [c for c in selected if any(k in c.name for k in keys)]
+        if not selected:
+            ap.error(f"--only {a.only!r} matches no kernel; kernels: {', '.join(c.name for c in cases())}")
+
+    t_start = time.perf_counter()
+    describe_machine(torch, torch_note, options)
+    need_triad = any(c.bytes_moved for c in selected)
+    triad = triad_bandwidth(torch)[0] if need_triad else 0.0
+
+    rng = np.random.default_rng(0)
+    results = []
+    for case in selected:
+        r = run_case(case, rng, torch, timpl, options, a.rounds)
+        results.append(r)
+        times = ", ".join(f"{k} {fmt_ms(v)} ms" for k, v in r.times.items())
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}: {r.status}, {r.rounds} rounds: {times}",
+              flush=True)
+    print()
+    table(results)
+    frac = bandwidth_table(results, triad)
+    targets(results, frac, torch is not None)
+    bad = [r.case.name for r in results if r.status != "ok"]
+    print(f"load average at the end: {load_avg()} (on {os.cpu_count()} cores: other work on the machine slows every "
+          "contender; the round-robin spreads it evenly but not away)")
+    print(f"total {time.perf_counter() - t_start:.0f} s; "
+          + (f"{len(bad)} kernel(s) wrong or failing: {', '.join(bad)}" if bad else "all tcdsl results match numpy"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Temporary contraction: ``LoopIR x Scop -> {temporary: body}``, the temporaries that can live in
+one scalar because their producer and every consumer were fused into the same loop body.
+
+A temporary qualifies when one ``=`` statement writes it and later statements of the same body
+read it only at the point just written (the same loop expressions), and nothing else touches it:
+it is then written and read within one iteration, and never needs memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tcdsl.affine import Sym, Var
+from tcdsl.checked import reads
+from tcdsl.polyhedral.loopir import LCall, LFor, LIf, LNode, LoopIR
+from tcdsl.polyhedral.scop import Scop
+
+
+def contractible(ir: LoopIR, scop: Scop) -> dict[str, int]:
+    """Temporary name -> ``id()`` of the body tuple in which it becomes a scalar."""
+    checked = scop.inst.checked
+    uses: dict[str, list[tuple[int, int, LCall, str]]] = {t.name: [] for t in checked.temps}
+    for body in _bodies(ir.body):
+        for pos, node in enumerate(body):
+            if not isinstance(node, LCall):
+                continue
+            st = scop.stmt(node.stmt)
+            s = checked.stmts[st.number - 1]
+            if s.tensor in uses:
+                uses[s.tensor].append((id(body), pos, node, "init" if st.kind == "init" else "write"))
+            if st.kind == "update":
+                for r in {r.tensor for r in reads(s.rhs)}:
+                    if r in uses:
+                        uses[r].append((id(body), pos, node, "read"))
+    out: dict[str, int] = {}
+    for name, entries in uses.items():
+        if _qualifies(name, entries, scop):
+            out[name] = entries[0][0]
+    return out
+
+
+def _qualifies(name: str, entries: list[tuple[int, int, LCall, str]], scop: Scop) -> bool:
+    if not entries or len({e[0] for e in entries}) != 1:
+        return False
+    writes = [e for e in entries if e[3] != "read"]
+    if len(writes) != 1 or writes[0][3] != "write":
+        return False
+    _, wpos, wcall, _ = writes[0]
+    checked = scop.inst.checked
+    wst = scop.stmt(wcall.stmt)
+    ws = checked.stmts[wst.number - 1]
+    if ws.op != "=" or any(r.tensor == name for r in reads(ws.rhs)):
+        return False
+    wargs = dict(zip(wst.indices, wcall.args))
+    point = [wargs[i] for i in ws.lhs]
+    for _, pos, call, role in entries:
+        if role != "read":
+            continue
+        if pos <= wpos:
+            return False
+        st = scop.stmt(call.stmt)
+        s = checked.stmts[st.number - 1]
+        args = dict(zip(st.indices, call.args))
+        for r in reads(s.rhs):
+            if r.tensor != name:
+                continue
+            for d, sub in enumerate(r.subs):
+                idx = _plain_index(sub)
+                if idx is None or args[idx] != point[d]:
+                    return False
+    return True
+
+
+def _plain_index(sub: object) -> str | None:
+    if isinstance(sub, Sym) and sub.const == 0 and len(sub.terms) == 1:
+        atom, coeff = sub.terms[0]
+        if coeff == 1 and isinstance(atom, Var) and atom.kind == "index":
+            return atom.name
+    return None
+
+
+def _bodies(body: tuple[LNode, ...]) -> Iterator[tuple[LNode, ...]]:
+    yield body
+    for n in body:
+        if isinstance(n, LFor):
+            yield from _bodies(n.body)
+        elif isinstance(n, LIf):
+            yield from _bodies(n.then)
+            yield from _bodies(n.other)
