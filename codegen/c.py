@@ -20,7 +20,7 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, L
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, regtile
+from . import contract, memshare, regtile
 from .writer import LineWriter
 
 CTYPE = {
@@ -32,6 +32,7 @@ CTYPE = {
 PRELUDE = r"""#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define tc_lmin(a, b) ((a) < (b) ? (a) : (b))
@@ -88,6 +89,8 @@ class CSource:
     params: tuple[str, ...]  # TC tensor names, in argument order
     errors: tuple[ErrorSite, ...]
     contracted: tuple[str, ...] = ()  # temporaries that live in scalars (no memory needed)
+    shared: tuple[tuple[str, str], ...] = ()  # (temporary, owner whose buffer it reuses)
+    buffers: tuple[tuple[str, int], ...] = ()  # owner temporaries and their sizes in elements
 
     def __str__(self) -> str:
         return self.text
@@ -131,20 +134,39 @@ class _Emitter:
         params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
         self.contracted = contract.contractible(ir, self.scop)
+        owners = memshare.share(ir, self.scop, set(self.contracted))
+        resets: dict[int, list[str]] = {}
+        for name, owner in owners.items():
+            if owner != name:
+                self.var[name] = self.var[owner]
+                resets.setdefault(memshare.first_use(ir, self.scop, name), []).append(name)
         with w.indent():
-            self._body(ir.body)
+            self._declare_scalars(ir.body)
+            for pos, n in enumerate(ir.body):
+                for name in resets.get(pos, []):
+                    size = memshare.elements(self.shapes[name])
+                    w.line(f"memset({self.var[name]}, 0, {size}L * sizeof({CTYPE[self.tensors[name].dtype]}));  "
+                           f"// temporary {name} reuses the buffer of {owners[name]}")
+                self._node(n)
             w.line("return (int)tc_err[0];")
         w.line("}")
-        return CSource(self.fn, w.text(), self.order, tuple(self.errors), tuple(sorted(self.contracted)))
+        sizes: dict[str, int] = {}
+        for name, owner in owners.items():
+            sizes[owner] = max(sizes.get(owner, 0), memshare.elements(self.shapes[name]))
+        return CSource(self.fn, w.text(), self.order, tuple(self.errors), tuple(sorted(self.contracted)),
+                       tuple(sorted((n, o) for n, o in owners.items() if n != o)), tuple(sorted(sizes.items())))
 
     def _body(self, body: tuple[LNode, ...]) -> None:
+        self._declare_scalars(body)
+        for n in body:
+            self._node(n)
+
+    def _declare_scalars(self, body: tuple[LNode, ...]) -> None:
         for name, where in self.contracted.items():
             if where == id(body):
                 self.scalars[name] = f"s{self.order.index(name)}"
                 self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
                             f"contracted to a scalar")
-        for n in body:
-            self._node(n)
 
     # ---- loops ----
     def _node(self, n: LNode) -> None:

@@ -95,9 +95,11 @@ class CKernel:
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         c = self.inst.checked
         arrays = dict(inputs)
-        for t in (*c.outputs, *c.temps):
-            shape = (0,) if t.name in self.low.source.contracted else self.inst.shapes[t.name]
-            arrays[t.name] = np.zeros(shape, dtype=t.dtype)
+        for t in c.outputs:
+            arrays[t.name] = np.zeros(self.inst.shapes[t.name], dtype=t.dtype)
+        buffers = dict(self.low.source.buffers)
+        for t in c.temps:  # owners get a zeroed buffer for their group; the others are never touched
+            arrays[t.name] = np.zeros(buffers.get(t.name, 0), dtype=t.dtype)
         err = np.zeros(2, dtype=np.int64)
         code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params), err.ctypes.data)
         if code:
