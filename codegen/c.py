@@ -72,6 +72,21 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
 """
 
 
+# glibc's libmvec has SIMD versions of these (glibc >= 2.35): declaring them lets `omp simd` loops
+# call the vector variants (`_ZGV..._expf`) instead of one scalar call per lane
+VECTOR_MATH = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sin", "cos", "tan", "exp2", "log2", "log10",
+               "cbrt", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "pow", "atan2")
+
+
+def vector_math_decls() -> str:
+    lines = []
+    for f in VECTOR_MATH:
+        for suffix, ct in (("f", "float"), ("", "double")):
+            params = ", ".join([ct] * (2 if f in ("pow", "atan2") else 1))
+            lines.append(f"#pragma omp declare simd notinbranch\n{ct} {f}{suffix}({params});")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class ErrorSite:
     code: int
@@ -97,15 +112,18 @@ class CSource:
 
 
 def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel",
-         vectorize: bool = True) -> CSource:
-    """C source for ``ir``; ``strides`` gives each tensor's element strides."""
-    return _Emitter(scop, strides, fn, vectorize).run(ir)
+         vectorize: bool = True, vector_math: bool = False) -> CSource:
+    """C source for ``ir``; ``strides`` gives each tensor's element strides; ``vector_math``
+    declares libmvec's SIMD math functions (see ``toolchain.has_vector_math``)."""
+    return _Emitter(scop, strides, fn, vectorize, vector_math).run(ir)
 
 
 class _Emitter:
-    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool) -> None:
+    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
+                 vector_math: bool) -> None:
         self.scop = scop
         self.vectorize = vectorize
+        self.vector_math = vector_math and vectorize
         self.c = scop.inst.checked
         self.strides = strides
         self.fn = fn
@@ -122,6 +140,8 @@ class _Emitter:
     def run(self, ir: LoopIR) -> CSource:
         w = self.w
         w.raw(PRELUDE)
+        if self.vector_math:
+            w.raw(vector_math_decls())
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "

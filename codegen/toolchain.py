@@ -11,6 +11,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shlex
 import subprocess
 import tempfile
@@ -24,6 +25,19 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fn
 _loaded: dict[str, ctypes.CDLL] = {}
 BUILDS = 0  # compiler invocations in this process (on-disk cache misses)
 _lock = threading.Lock()
+
+
+@functools.cache
+def has_vector_math() -> bool:
+    """glibc >= 2.35 on x86-64: libmvec has the SIMD math functions the C emitter can declare."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # e.g. "glibc 2.36"
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except (ValueError, OSError, AttributeError):
+        return False
+    return name == "glibc" and (major, minor) >= (2, 35)
 
 
 def compiler() -> list[str]:
@@ -62,7 +76,8 @@ def build(source: str, stem: str) -> Path:
     _atomic_write(src, source.encode())
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{stem}-", suffix=".so")
     os.close(fd)
-    cmd = [*compiler(), *FLAGS, "-o", tmp, str(src), "-lm"]
+    libs = ["-lmvec", "-lm"] if "declare simd" in source else ["-lm"]
+    cmd = [*compiler(), *FLAGS, "-o", tmp, str(src), *libs]
     global BUILDS
     BUILDS += 1
     try:
