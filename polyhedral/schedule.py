@@ -20,10 +20,15 @@ from tcdsl.options import MappingOptions
 from .deps import Deps, respects, violated
 from .scop import Scop
 
+# No constant shifts in schedules (max_constant_term 0): isl would otherwise fuse loops by shifting
+# one statement's iterations against another's (S2 at d + 1023), which breaks vectorisation and
+# the register tiles; without shifts, statements share their common outer loops and keep their
+# own inner loops.
+_COMMON = {"schedule_max_constant_term": 0}
 _STRATEGY = {
-    "max": {"schedule_whole_component": 1},
-    "preserve": {"schedule_maximize_coincidence": 1},
-    "min": {"schedule_serialize_sccs": 1},
+    "max": {**_COMMON, "schedule_whole_component": 1},
+    "preserve": {**_COMMON, "schedule_maximize_coincidence": 1},
+    "min": {**_COMMON, "schedule_serialize_sccs": 1},
 }
 
 

@@ -137,16 +137,18 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         return (infos[i].contiguous - infos[i].strided, infos[i].invariant, i)
 
     contig = max(par, key=contiguity) if par else None
+    best = max(range(n), key=contiguity)
     row = None
-    if red and contig is not None and infos[contig].contiguous > 0:
+    if red and contig is not None and infos[contig].contiguous > 0 and best in par:
         others = [i for i in par if i != contig]
         row = max(others, key=lambda i: (infos[i].invariant, i)) if others else None
         order = [i for i in others if i != row] + ([row] if row is not None else []) + [contig] + red
-    elif par:
-        inner = max(range(n), key=contiguity)
-        order = [i for i in range(n) if i != inner] + [inner]
-        contig = inner if inner in par else None
-        red = []
+    elif par and not red:
+        order = [i for i in range(n) if i != best] + [best]
+        contig = best
+    elif par:  # a reduction walks memory best: parallel loops outside, reductions inside (accumulated)
+        order = par + red
+        contig = None
     else:
         order = list(range(n))
 

@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover
 CASES = {c.name: c for c in DEFS}
 REPO = Path(__file__).resolve().parent.parent
 
+ORIGINAL_CC = os.environ.get("CC")
 MATMUL = "def matmul(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 
 
@@ -249,6 +250,34 @@ def test_short_circuit_logic_under_register_tiles(rt: tuple[int, ...] | None, ve
         for openmp in (False, True):
             opts = MappingOptions(register_tile=rt, vectorize=vectorize, openmp=openmp)
             np.testing.assert_array_equal(k(A, B, backend="c", options=opts), want, err_msg=f"seed {seed}, {opts}")
+
+
+# Sizes over the default tile size (32), so the default heuristics tile, register-tile and keep
+# accumulators in locals; every fusion strategy and one explicit cache + register tiling.
+BIG = {
+    "matmul": (Arr("float32", (67, 45)), Arr("float32", (45, 70))),
+    "batch_matmul": (Arr("float32", (3, 37, 41)), Arr("float32", (3, 41, 34))),
+    "matvec": (Arr("float32", (67, 100)), Arr("float32", (100,))),
+    "conv2d_same": (Arr("float32", (1, 3, 35, 40)), Arr("float32", (5, 3, 3, 3))),
+    "reduce_cols_int": (Arr("int32", (45, 67), -1000, 1000),),
+    "softmax": (Arr("float32", (40, 70), -5.0, 5.0),),
+    "embedding_bag": (Arr("float32", (50, 40)), Arr("int64", (33, 37), 0, 50)),
+    "reduce_after_init": (Arr("float32", (40, 37), 0.9, 1.1), Arr("float32", (40,), 0.0, 3.0)),
+}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", list(BIG))
+def test_big_sizes_default_and_tiled_options(name: str):
+    case = CASES[name]
+    k = tc.define(case.source)
+    args = make_inputs(BIG[name], seed=4)
+    want = case.reference(*args)
+    tol = max(case.tol, 1e-4) if case.tol else 0
+    assert_matches(k(*args, backend="numpy"), want, tol, f"{name}: interpreter")
+    for opts in (MappingOptions(), *(MappingOptions(fusion=f) for f in FUSION if f != "preserve"),
+                 MappingOptions(tile=(16, 16, 16), register_tile=(4, 8))):
+        assert_matches(k(*args, backend="c", options=opts), want, tol, f"{name} with {opts}")
 
 
 # ---- 3. legality ---------------------------------------------------------------------------------
@@ -489,6 +518,14 @@ def test_compiler_failure_raises_with_stderr_and_kept_source(tmp_path: Path, fre
     assert k.compile_count == 0
     names = [p.name for p in (fresh_cache / "c").iterdir()]
     assert not [n for n in names if n.endswith(".so") or n.startswith(".")], names
+    # with the real compiler back, the same kernel object compiles and runs
+    if ORIGINAL_CC is None:
+        monkeypatch.delenv("CC")
+    else:
+        monkeypatch.setenv("CC", ORIGINAL_CC)
+    A, B = f32((3, 2)), f32((2, 4), 1)
+    np.testing.assert_allclose(k(A, B, backend="c"), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert k.compile_count == 1
 
 
 @pytest.mark.cpu
@@ -519,6 +556,13 @@ PLAIN_DEF = """def kw(float(I, L) A, float(L, C) S, float(C) R) -> (O, V) {
     V(i) = O(i, 0) + R(C - 1) * i
 }"""
 
+# Names the emitter itself generates (tensors t0.., loop iterators c0.., statement indices x0.., the
+# accumulator, the error array, helper macros): a TC def using them must still mean what it says.
+GENERATED_NAMES_DEF = """def tc_kernel(float(c0, x0) t1, float(x0, acc) t0, float(acc) floord) -> (tc_err, t2) {
+    tc_err(c1, c2) +=! t1(c1, x1) * t0(x1, c2)
+    t2(c1) = tc_err(c1, 0) + floord(acc - 1) * c1
+}"""
+
 KEYWORDS = ("for", "static", "main", "int", "restrict", "return", "void", "long", "char", "if", "while", "do")
 
 
@@ -547,6 +591,18 @@ def test_c_keywords_are_tc_names_and_never_reach_c():
     for word in ("main", "char", "while", "do"):  # words the emitter never writes itself
         assert not re.search(rf"\b{word}\b", code), word
     assert "return(if, while)" in text  # the TC statement is only in its comment
+
+
+@pytest.mark.cpu
+def test_tc_names_equal_to_generated_c_names():
+    k = tc.define(GENERATED_NAMES_DEF)
+    A, B, R = f32((7, 5)), f32((5, 3), 1), f32((3,), 2)
+    O, V = k(A, B, R, backend="c")
+    O_want = A.astype(np.float64) @ B
+    np.testing.assert_allclose(O, O_want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V, O_want[:, 0] + R[2] * np.arange(7), rtol=1e-5, atol=1e-6)
+    plain = tc.define(PLAIN_DEF).compiled(A, B, R).low.source.text
+    assert c_code(k.compiled(A, B, R).low.source.text) == c_code(plain)
 
 
 # ---- 8. run-time checks in C -------------------------------------------------------------------------
