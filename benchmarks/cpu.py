@@ -4,7 +4,9 @@ usage: .venv/bin/python benchmarks/cpu.py [--only NAME[,NAME...]] [--rounds N] [
 
 Every contender runs in this one process, timed round-robin (each round times one call of each
 contender, the starting contender rotating), so that the load of a shared machine hits all alike;
-the table shows each contender's median. Warm-up calls come first; tcdsl's compile is timed apart.
+the table shows each contender's median. Before each timed call the script waits until the thread
+pools of the previous call have stopped spinning (see quiesce()). Warm-up calls come first;
+tcdsl's compile is timed apart.
 Every tcdsl result is checked against numpy: a mismatch is marked FAIL and the exit status is 1.
 A STREAM-like triad measured here gives the machine's bandwidth for the memory-bound kernels.
 The closing "targets" section says which of issue 3's performance targets are met.
@@ -57,7 +59,7 @@ from tcdsl.options import MappingOptions  # noqa: E402
 F32 = np.float32
 RTOL = 1e-4  # max |tcdsl - numpy| / max |numpy|; float32 sums of <= 1024 terms stay far below this
 TIME_BUDGET_S = 2.0  # auto rounds: about this much timing per kernel (all contenders together)
-MIN_ROUNDS, MAX_ROUNDS = 7, 60
+MIN_ROUNDS, MAX_ROUNDS = 7, 40
 TRIAD_N = 32 << 20  # 32M float32 per array
 TRIAD_REPS = 10
 
@@ -348,6 +350,23 @@ def rel_err(got: Any, want: np.ndarray) -> float:
     return float(err.max()) / scale
 
 
+def quiesce(max_s: float = 1.0, step: float = 0.01) -> None:
+    """Sleep until this process's threads stop using CPU (at most max_s).
+
+    Thread pools spin for a while after a call (OpenBLAS ~0.1 s, OpenMP a few ms); on a machine with
+    few cores the spinning pool of one contender would steal the cores of the next one, and the
+    order of the round would decide the times. So every timed call starts with all pools idle.
+    """
+    deadline = time.perf_counter() + max_s
+    prev = time.process_time()  # CPU time of all threads of this process
+    while time.perf_counter() < deadline:
+        time.sleep(step)
+        cur = time.process_time()
+        if cur - prev < 0.1 * step:
+            return
+        prev = cur
+
+
 def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, Any], options: MappingOptions,
              rounds_arg: int | None) -> Result:
     res = Result(case)
@@ -379,10 +398,10 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
             res.note += f" torch disagrees with numpy (rel err {t_err:.1e})"
         contenders["torch"] = lambda: torch_fn(*tensors)
 
-    # warm-up: two calls each, the second one timed to size the number of rounds
+    # warm-up: each contender has made one call above (the checks); one more, timed, sizes the rounds
     est = 0.0
     for call in contenders.values():
-        call()
+        quiesce()
         t0 = time.perf_counter()
         call()
         est += time.perf_counter() - t0
@@ -395,6 +414,7 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
         for r in range(rounds):
             for name in order[r % len(order):] + order[:r % len(order)]:
                 call = contenders[name]
+                quiesce()
                 t0 = time.perf_counter()
                 call()
                 samples[name].append(time.perf_counter() - t0)

@@ -286,14 +286,20 @@ class _Emitter:
             outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
             target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
             w.line(f"{ctype} acc = {target};")
-            if s.op in ("+", "*") and t.dtype != "float16":
-                w.line(f"#pragma omp simd reduction({s.op}:acc)")
+            simd = self.vectorize and t.dtype not in ("float16", "bool")
+            minmax = simd and s.op in ("min", "max")
+            floating = T.is_float(t.dtype)
+            if minmax and floating:
+                w.line("int nan = acc != acc;")
+            if simd:
+                extra = " reduction(|:nan)" if minmax and floating else ""
+                w.line(f"#pragma omp simd reduction({s.op}:acc){extra}")
             w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
                    f"{n.var} += {n.step}) {{")
             with w.indent():
-                self._statement_body(call, "acc")
+                self._statement_body(call, "acc", "nan" if minmax else None)
             w.line("}")
-            w.line(f"{target} = acc;")
+            w.line(f"{target} = {'nan ? NAN : acc' if minmax and floating else 'acc'};")
         w.line("}")
         return True
 
@@ -325,8 +331,10 @@ class _Emitter:
     def _call(self, n: LCall) -> None:
         self._statement_body(n, None)
 
-    def _statement_body(self, n: LCall, acc: str | None) -> None:
-        """One statement instance; with ``acc``, the reduction target is that local variable."""
+    def _statement_body(self, n: LCall, acc: str | None, nan_flag: str | None = None) -> None:
+        """One statement instance; with ``acc``, the reduction target is that local variable; with
+        ``nan_flag``, a min/max reduction is written so OpenMP can vectorise it, NaNs being
+        recorded in the flag (numpy's min and max propagate NaN)."""
         st = self.scop.stmt(n.stmt)
         s = self.c.stmts[st.number - 1]
         w = self.w
@@ -355,6 +363,12 @@ class _Emitter:
                     w.line(f"{target} = {target} + {rhs};")
                 elif s.op == "*":
                     w.line(f"{target} = {target} * {rhs};")
+                elif nan_flag is not None:
+                    cmp = ">" if s.op == "max" else "<"
+                    w.line(f"const {ctype} v = {rhs};")
+                    w.line(f"{target} = v {cmp} {target} ? v : {target};")
+                    if T.is_float(self.tensors[s.tensor].dtype):
+                        w.line(f"{nan_flag} |= (v != v);")
                 else:
                     w.line(f"{target} = tc_{s.op}({target}, {rhs});")
         w.line("}")

@@ -18,7 +18,7 @@ FUSION = ("max", "preserve", "min")
 
 @dataclass(frozen=True)
 class MappingOptions:
-    fusion: str = "preserve"
+    fusion: str = "max"
     tile: tuple[int, ...] | None = None  # per band member, outermost first; 0 or 1 leaves a member untiled
     register_tile: tuple[int, ...] | None = None  # unroll-and-jam factors of the point loops
     point_order: tuple[int, ...] | None = None  # a permutation of the point band's members
