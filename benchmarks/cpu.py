@@ -448,7 +448,7 @@ def table(results: list[Result]) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---|---:|")
     for r in results:
         t = r.times.get("tcdsl")
-        err = {"ok": f"{r.rel_err:.1e}", "FAIL": f"FAIL {r.rel_err:.1e}", "ERROR": "ERROR"}[r.status]
+        err = "ERROR" if r.status == "ERROR" else f"{'FAIL ' if r.status == 'FAIL' else ''}{r.rel_err:.1e}"
         comp = "-" if r.compile_s is None else f"{r.compile_s:.2f}"
         print(f"| {r.case.name} | {r.case.shape} | {fmt_ms(t)} | {fmt_ms(r.times.get('numpy'))} "
               f"| {fmt_ms(r.times.get('torch'))} | {fmt_ratio(ratio(r.times.get('numpy'), t))} "

@@ -154,7 +154,8 @@ class _Emitter:
         params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
         self.contracted = contract.contractible(ir, self.scop)
-        owners = memshare.share(ir, self.scop, set(self.contracted))
+        self.rows = contract.row_buffers(ir, self.scop, set(self.contracted))
+        owners = memshare.share(ir, self.scop, set(self.contracted) | set(self.rows))
         resets: dict[int, list[str]] = {}
         for name, owner in owners.items():
             if owner != name:
@@ -173,7 +174,8 @@ class _Emitter:
         sizes: dict[str, int] = {}
         for name, owner in owners.items():
             sizes[owner] = max(sizes.get(owner, 0), memshare.elements(self.shapes[name]))
-        return CSource(self.fn, w.text(), self.order, tuple(self.errors), tuple(sorted(self.contracted)),
+        return CSource(self.fn, w.text(), self.order, tuple(self.errors),
+                       tuple(sorted({*self.contracted, *self.rows})),
                        tuple(sorted((n, o) for n, o in owners.items() if n != o)), tuple(sorted(sizes.items())))
 
     def _body(self, body: tuple[LNode, ...]) -> None:
@@ -182,6 +184,13 @@ class _Emitter:
             self._node(n)
 
     def _declare_scalars(self, body: tuple[LNode, ...]) -> None:
+        for name, (where, fixed) in self.rows.items():
+            if where == id(body):
+                size = memshare.elements(tuple(n for d, n in enumerate(self.shapes[name]) if d not in fixed))
+                var = f"r{self.order.index(name)}"
+                self.w.line(f"{CTYPE[self.tensors[name].dtype]} {var}[{size}];  // temporary {name}: the slice "
+                            f"this iteration uses")
+                self.w.line(f"memset({var}, 0, sizeof {var});")
         for name, where in self.contracted.items():
             if where == id(body):
                 self.scalars[name] = f"s{self.order.index(name)}"
@@ -375,6 +384,8 @@ class _Emitter:
 
     def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
                 checked: list[str] | None = None) -> str:
+        if tensor in self.rows:
+            return self._row_access(tensor, subs, env, checked)
         strides = self.strides[tensor]
         terms = []
         for d, sub in enumerate(subs):
@@ -382,6 +393,19 @@ class _Emitter:
             if strides[d] != 0:
                 terms.append(f"{text} * {strides[d]}L" if strides[d] != 1 else text)
         return f"{self.var[tensor]}[{' + '.join(terms) or '0'}]"
+
+    def _row_access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
+                    checked: list[str] | None) -> str:
+        fixed = self.rows[tensor][1]
+        shape = self.shapes[tensor]
+        terms, stride = [], 1
+        for d in reversed(range(len(subs))):
+            if d in fixed:
+                continue
+            text = checked[d] if checked is not None else self._sym(subs[d], env)
+            terms.append(f"{text} * {stride}L" if stride != 1 else text)
+            stride *= shape[d]
+        return f"r{self.order.index(tensor)}[{' + '.join(reversed(terms)) or '0'}]"
 
     def _sym(self, s: Sym, env: dict[str, str]) -> str:
         s = s.subs(self.sizes)

@@ -87,3 +87,87 @@ def _bodies(body: tuple[LNode, ...]) -> Iterator[tuple[LNode, ...]]:
         elif isinstance(n, LIf):
             yield from _bodies(n.then)
             yield from _bodies(n.other)
+
+
+def row_buffers(ir: LoopIR, scop: Scop, taken: set[str], limit: int = 16384) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Temporaries that need only a slice per iteration of one loop: ``name -> (id of that loop's
+    body, the dims fixed by the loop)``. Every access of the temporary lies in the loop's body and
+    indexes the fixed dims with the same loop expressions, so a local buffer of the other dims
+    (at most ``limit`` elements) replaces the whole tensor."""
+    checked = scop.inst.checked
+    out: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for t in checked.temps:
+        if t.name in taken:
+            continue
+        found = _row_buffer(ir, scop, t.name, len(t.dims))
+        if found is None:
+            continue
+        body_id, fixed = found
+        rest = [n for d, n in enumerate(scop.inst.shapes[t.name]) if d not in fixed]
+        size = 1
+        for n in rest:
+            size *= n
+        if size <= limit:
+            out[t.name] = (body_id, fixed)
+    return out
+
+
+def _row_buffer(ir: LoopIR, scop: Scop, name: str, rank: int) -> tuple[int, tuple[int, ...]] | None:
+    checked = scop.inst.checked
+    # every access as (path of enclosing loops, the subscript of each dim as a loop expression or None)
+    accesses: list[tuple[tuple[LFor, ...], list[object]]] = []
+    for path, call in _calls_with_path(ir.body, ()):
+        st = scop.stmt(call.stmt)
+        s = checked.stmts[st.number - 1]
+        args = dict(zip(st.indices, call.args))
+        if s.tensor == name:
+            accesses.append((path, [args[i] for i in s.lhs]))
+        if st.kind == "update":
+            for r in reads(s.rhs):
+                if r.tensor == name:
+                    accesses.append((path, [args[i] if (i := _plain_index(x)) is not None else None
+                                            for x in r.subs]))
+    if len(accesses) < 2:
+        return None
+    common = accesses[0][0]
+    for path, _ in accesses[1:]:
+        k = 0
+        while k < min(len(common), len(path)) and common[k] is path[k]:
+            k += 1
+        common = common[:k]
+    if not common:
+        return None
+    loop = common[-1]
+    outer_vars = {f.var for f in common}
+    fixed = []
+    for d in range(rank):
+        first = accesses[0][1][d]
+        if first is None or not _vars_of(first) <= outer_vars or loop.var not in _vars_of(first):
+            continue
+        if all(subs[d] == first for _, subs in accesses):
+            fixed.append(d)
+    return (id(loop.body), tuple(fixed)) if fixed else None
+
+
+def _calls_with_path(body: tuple[LNode, ...], path: tuple[LFor, ...]) -> Iterator[tuple[tuple[LFor, ...], LCall]]:
+    for n in body:
+        if isinstance(n, LCall):
+            yield path, n
+        elif isinstance(n, LFor):
+            yield from _calls_with_path(n.body, path + (n,))
+        elif isinstance(n, LIf):
+            yield from _calls_with_path(n.then, path)
+            yield from _calls_with_path(n.other, path)
+
+
+def _vars_of(e: object) -> set[str]:
+    from tcdsl.polyhedral.loopir import LOp, LVar
+
+    if isinstance(e, LVar):
+        return {e.name}
+    if isinstance(e, LOp):
+        out: set[str] = set()
+        for a in e.args:
+            out |= _vars_of(a)
+        return out
+    return set()
