@@ -28,7 +28,7 @@ def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no i
         out.append(f"  {st.name}[{', '.join(st.indices)}]: {what} {s.number} (line {s.span.line}): "
                    f"{print_stmt(s.source)}")
     out += ["", "fusion:"]
-    groups = _nests(low.final)
+    groups = _nests(low.tree)  # the scheduler's decision (before initialisations get nests of their own)
     if len(groups) == 1:
         out.append(f"  {', '.join(groups[0])} share one loop nest")
     else:
@@ -42,6 +42,10 @@ def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no i
             out.append("  even 'max' fusion keeps these nests apart: no legal schedule shares their outer loops")
         else:
             out.append("  fusion 'max' keeps them apart too: no legal schedule shares their outer loops")
+    inits = [st.name for st in scop.stmts if st.kind == "init"]
+    if inits and len(_nests(low.final)) > len(groups):
+        out.append(f"  the initialisations ({', '.join(inits)}) then run in nests of their own, before the "
+                   f"reductions they start")
     out += ["", "loops:"]
     _loops(low.ir.body, 1, out)
     return "\n".join(out)
