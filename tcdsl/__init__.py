@@ -4,6 +4,7 @@
 """
 
 from .api import GenericKernel, Kernel, Library, define
+from .options import MappingOptions
 from .errors import (
                      TcArgumentError,
                      TcCompileError,
@@ -18,6 +19,6 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-__all__ = ["define", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError", "TcSemanticError",
+__all__ = ["define", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError", "TcSemanticError",
            "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
            "TcCompileError", "__version__"]
