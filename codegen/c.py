@@ -112,16 +112,17 @@ class CSource:
 
 
 def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel",
-         vectorize: bool = True, vector_math: bool = False) -> CSource:
+         vectorize: bool = True, vector_math: bool = False, unroll: int = 0) -> CSource:
     """C source for ``ir``; ``strides`` gives each tensor's element strides; ``vector_math``
     declares libmvec's SIMD math functions (see ``toolchain.has_vector_math``)."""
-    return _Emitter(scop, strides, fn, vectorize, vector_math).run(ir)
+    return _Emitter(scop, strides, fn, vectorize, vector_math, unroll).run(ir)
 
 
 class _Emitter:
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
-                 vector_math: bool) -> None:
+                 vector_math: bool, unroll: int = 0) -> None:
         self.scop = scop
+        self.unroll = unroll
         self.vectorize = vectorize
         self.vector_math = vector_math and vectorize
         self.c = scop.inst.checked
@@ -212,6 +213,10 @@ class _Emitter:
                 w.line("#pragma omp parallel for schedule(static)")
             elif n.simd:
                 w.line("#pragma omp simd")
+            trips = regtile.trip_bound(n)
+            if self.unroll and trips is not None and trips <= self.unroll and not n.omp \
+                    and not any(isinstance(b, LFor) for b in n.body):
+                w.line(f"#pragma GCC unroll {trips}")
             cond = _top(self._lexpr(n.cond))
             w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {cond}; {n.var} += {n.step}) {{")
             with w.indent():

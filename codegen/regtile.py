@@ -65,6 +65,14 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     return RegisterTile(n, tuple(inner), node, tuple(extents))
 
 
+def trip_bound(f: LFor) -> int | None:
+    """A constant bound on the trip count of a loop with a constant start and step 1."""
+    hi = _const_upper(f)
+    if hi is None or not isinstance(f.init, LInt) or f.step != 1:
+        return None
+    return max(hi - f.init.value + 1, 0)
+
+
 def _const_upper(f: LFor) -> int | None:
     """A constant the loop variable never exceeds, from ``var <= E`` / ``var < E``."""
     c = f.cond

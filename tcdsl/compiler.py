@@ -60,7 +60,8 @@ def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int,
     tree = schedule.compute(scop, deps, options)
     final = transform.transform(tree, scop, deps, options)
     ir = astgen.build(final, scop.context, deps.all, options)
-    src = cgen.emit(ir, scop, strides, vectorize=options.vectorize, vector_math=toolchain.has_vector_math())
+    src = cgen.emit(ir, scop, strides, vectorize=options.vectorize, vector_math=toolchain.has_vector_math(),
+                    unroll=options.unroll)
     low = Lowered(scop, deps, tree, final, ir, src)
     _dump(low)
     return low
