@@ -280,6 +280,22 @@ def test_big_sizes_default_and_tiled_options(name: str):
         assert_matches(k(*args, backend="c", options=opts), want, tol, f"{name} with {opts}")
 
 
+@pytest.mark.cpu
+@pytest.mark.parametrize("unroll", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_unroll_with_vectorize_compiles(unroll: int, vectorize: bool):
+    """Full unrolling of small innermost loops, with and without `omp simd` on them."""
+    k = tc.define(CASES["outer"].source)
+    a, b = np.arange(5, dtype=np.float32), np.arange(3, dtype=np.float32) - 1
+    for opts in (MappingOptions(unroll=unroll, vectorize=vectorize),
+                 MappingOptions(unroll=unroll, vectorize=vectorize, tile=(0, 2))):
+        np.testing.assert_array_equal(k(a, b, backend="c", options=opts), np.outer(a, b), err_msg=str(opts))
+    mm = tc.define(MATMUL)
+    A, B = f32((7, 3)), f32((3, 4), 1)
+    got = mm(A, B, backend="c", options=MappingOptions(unroll=unroll, vectorize=vectorize))
+    np.testing.assert_allclose(got, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+
+
 # ---- 3. legality ---------------------------------------------------------------------------------
 
 
