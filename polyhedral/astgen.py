@@ -92,7 +92,9 @@ def _flatten_range(u: isl.UnionMap) -> isl.UnionMap:
 
 def _pair_text(point: isl.Point) -> str:
     """``S1[0, 0, 3] -> S1[0, 0, 4]`` from a point of a wrapped map."""
-    text = str(point).strip()  # e.g. "{ [S1[0, 0, 3] -> S1[0, 0, 4]] }"
+    text = str(point).strip()  # e.g. "[p_M = 8] -> { [S1[0, 0, 3] -> S1[0, 0, 4]] }"
+    if "->" in text.split("{", 1)[0]:
+        text = text[text.index("{"):]
     if text.startswith("{") and text.endswith("}"):
         text = text[1:-1].strip()
     if text.startswith("[") and text.endswith("]"):

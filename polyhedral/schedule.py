@@ -17,7 +17,7 @@ import islpy as isl
 from tcdsl.errors import TcScheduleError
 from tcdsl.options import MappingOptions
 
-from .deps import Deps, respects, violated
+from .deps import Deps, dependences, respects, violated
 from .scop import Scop
 
 # No constant shifts in schedules (max_constant_term 0): isl would otherwise fuse loops by shifting
@@ -46,7 +46,15 @@ def _isl_options(ctx: isl.Context, values: dict[str, int]) -> Iterator[None]:
 
 def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
     """isl's schedule for the scop under the options' fusion strategy (program order if the
-    scheduler gives up within its operation budget)."""
+    scheduler gives up within its operation budget). The scheduler works on the model for every
+    size (its problems do not grow with the sizes, and a schedule legal for all sizes is legal
+    for these), then the tree is restricted to this scop's domain and checked."""
+    general = scop.general
+    if general is not None:
+        tree = compute(general, dependences(general), options)
+        sched = tree.intersect_domain(scop.domain)
+        check_legal(sched, deps)
+        return sched
     ctx = scop.domain.get_ctx()
     dep = deps.all
     sc = (isl.ScheduleConstraints.on_domain(scop.domain).set_context(scop.context)

@@ -42,6 +42,7 @@ class Scop:
     writes: isl.UnionMap = field(compare=False)
     order: isl.UnionMap = field(compare=False)
     context: isl.Set = field(compare=False)
+    general: Scop | None = field(default=None, compare=False)  # the same model for every size
 
     def stmt(self, name: str) -> ScopStmt:
         return next(s for s in self.stmts if s.name == name)
@@ -64,24 +65,38 @@ class Scop:
 
 
 def build_scop(inst: Instance, parametric: bool = False) -> Scop:
+    """The model with the size symbols as isl parameters ``p_<size>``: fixed to the instance's sizes
+    (the default; ``general`` then holds the same model for every size, which the scheduler uses)
+    or free (``parametric=True``)."""
+    general = _build(inst)
+    if parametric:
+        return general
+    fixed = isl.Set(_params(inst) + "{ : " + (" and ".join(f"p_{k} = {v}" for k, v in inst.sizes.items())
+                                              or "true") + " }")
+    return Scop(inst, False, general.stmts, general.arrays, general.domain.intersect_params(fixed),
+                general.reads.intersect_params(fixed), general.writes.intersect_params(fixed),
+                general.order.intersect_params(fixed), fixed, general)
+
+
+def _params(inst: Instance) -> str:
+    return "[" + ", ".join(f"p_{s}" for s in inst.checked.sizes) + "] -> "
+
+
+def _build(inst: Instance) -> Scop:
     c = inst.checked
     arrays = {t.name: f"t_{t.name}" for t in (*c.inputs, *c.outputs, *c.temps)}
     shapes = {t.name: t.dims for t in (*c.inputs, *c.outputs, *c.temps)}
-    sizes = inst.sizes
-    params = "[" + ", ".join(f"p_{s}" for s in c.sizes) + "] -> " if parametric else ""
+    params = _params(inst)
 
     def sym(s: Sym, idx: dict[str, str]) -> str:
         env = {k: Sym.var(v, "index") for k, v in idx.items()}
-        if parametric:
-            env.update({k: Sym.var(f"p_{k}", "size") for k in c.sizes})
-        else:
-            env.update({k: Sym.of(v) for k, v in sizes.items()})
+        env.update({k: Sym.var(f"p_{k}", "size") for k in c.sizes})
         return s.subs(env).isl()
 
     depth = max((len(s.ranges) for s in c.stmts), default=0)
     stmts: list[ScopStmt] = []
     domains, reads, writes, order = [], [], [], []
-    for bs, s in zip(inst.stmts, c.stmts):
+    for s in c.stmts:
         idx = {name: f"i{k}" for k, name in enumerate(s.indices)}
         tup = ", ".join(idx[i] for i in s.indices)
         lhs_tup = ", ".join(idx[i] for i in s.lhs)
@@ -97,14 +112,10 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
         name = f"S{s.number}"
         stmts.append(ScopStmt(name, s.number, "update", s.indices))
         guards = []
-        if parametric:
-            for acc in s.accesses:
-                for d, sub in enumerate(acc.subs):
-                    if sub is not None and acc.kind != "cond":
-                        guards.append(f"0 <= {sym(sub, idx)} < {sym(shapes[acc.tensor][d], idx)}")
-        else:
-            for g in bs.guards:
-                guards.append(f"0 <= {sym(g.sub, idx)} < {g.extent}")
+        for acc in s.accesses:
+            for d, sub in enumerate(acc.subs):
+                if sub is not None and acc.kind != "cond":
+                    guards.append(f"0 <= {sym(sub, idx)} < {sym(shapes[acc.tensor][d], idx)}")
         cons = " and ".join(box + guards) or "true"
         domains.append(f"{name}[{tup}] : {cons}")
         writes.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
@@ -127,13 +138,13 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
             cond = (" : " + " and ".join(extra)) if extra else ""
             reads.append(f"{name}[{tup}] -> {arrays[acc.tensor]}[{', '.join(outs)}]{cond}")
         order.append(f"{name}[{tup}] -> [{_pad([str(s.number), '1', *(idx[i] for i in s.indices)], depth)}]")
-    ctx_text = params + "{ : " + (" and ".join(f"p_{k} >= 1" for k in c.sizes) or "true") + " }" \
-        if parametric else "{ : }"
-    domain = _union_set(params, domains)
-    return Scop(inst, parametric, tuple(stmts), arrays, domain,
+    ctx_text = params + "{ : " + (" and ".join(f"p_{k} >= 1" for k in c.sizes) or "true") + " }"
+    context = isl.Set(ctx_text)
+    domain = _union_set(params, domains).intersect_params(context)
+    return Scop(inst, True, tuple(stmts), arrays, domain,
                 _union_map(params, reads).intersect_domain(domain),
                 _union_map(params, writes).intersect_domain(domain),
-                _union_map(params, order).intersect_domain(domain), isl.Set(ctx_text))
+                _union_map(params, order).intersect_domain(domain), context)
 
 
 def _pad(items: list[str], depth: int) -> str:

@@ -122,7 +122,7 @@ class Kernel:
 
     def explain(self, *args: Any, options: MappingOptions | None = None) -> str:
         """Why each loop is or is not parallel, and which statements were fused."""
-        opts = options or self.options
+        opts = (options or self.options).resolved(self.checked)
         return explain_lowered(self.lowered(*args, options=opts), opts)
 
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,

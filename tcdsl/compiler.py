@@ -55,6 +55,7 @@ def strides_of(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, tuple
 
 
 def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
+    options = options.resolved(inst.checked)
     scop = build_scop(inst)
     deps = dependences(scop)
     tree = schedule.compute(scop, deps, options)

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .affine import Sym
+from .checked import Binop, CheckedDef, Read, Statement
 from .errors import TcArgumentError
 
 FUSION = ("max", "preserve", "min")
@@ -18,7 +20,7 @@ FUSION = ("max", "preserve", "min")
 
 @dataclass(frozen=True)
 class MappingOptions:
-    fusion: str = "max"
+    fusion: str | None = None  # None: "preserve" for defs with a contraction, else "max" (see fusion_for)
     tile: tuple[int, ...] | None = None  # per band member, outermost first; 0 or 1 leaves a member untiled
     register_tile: tuple[int, ...] | None = None  # unroll-and-jam factors of the point loops
     point_order: tuple[int, ...] | None = None  # a permutation of the point band's members
@@ -28,7 +30,7 @@ class MappingOptions:
     unroll: int = 0  # fully unroll innermost point loops up to this trip count (0: off)
 
     def __post_init__(self) -> None:
-        if self.fusion not in FUSION:
+        if self.fusion is not None and self.fusion not in FUSION:
             raise TcArgumentError(f"fusion must be one of {', '.join(FUSION)}, not {self.fusion!r}")
         for name in ("tile", "register_tile", "point_order"):
             v = getattr(self, name)
@@ -41,6 +43,10 @@ class MappingOptions:
             raise TcArgumentError(f"point_order must be a permutation of 0..n-1, not {self.point_order}")
         if self.parallel_depth < 0 or self.unroll < 0:
             raise TcArgumentError("parallel_depth and unroll must be non-negative")
+
+    def resolved(self, checked: CheckedDef) -> MappingOptions:
+        """These options with the default fusion strategy chosen for ``checked``."""
+        return self if self.fusion is not None else replace(self, fusion=fusion_for(checked))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -59,3 +65,20 @@ class MappingOptions:
 
     def key(self) -> str:
         return self.to_json()
+
+
+def fusion_for(checked: CheckedDef) -> str:
+    """The default fusion strategy: a def with a contraction (a reduction of a product of reads
+    that share the reduction index, as in matmul or conv) keeps each contraction's parallel loops
+    ("preserve"): fusing a second contraction into the first one's loops would walk its operands
+    across memory. Other defs (softmax, norms, elementwise chains) are bound by memory: fusing
+    everything on the common outer loops ("max") keeps each slice in cache between statements."""
+    return "preserve" if any(_is_contraction(s) for s in checked.stmts) else "max"
+
+
+def _is_contraction(s: Statement) -> bool:
+    if s.op != "+" or not s.reductions or not (isinstance(s.rhs, Binop) and s.rhs.op == "*"):
+        return False
+    reads = [r for r in (s.rhs.lhs, s.rhs.rhs) if isinstance(r, Read)]
+    red = set(s.reductions)
+    return len(reads) == 2 and all(any(isinstance(x, Sym) and x.indices() & red for x in r.subs) for r in reads)
