@@ -28,9 +28,9 @@ DEFAULT_TILE = 32
 class MemberInfo:
     """What one band member does to the accesses of the statements it schedules."""
 
-    contiguous: int  # accesses whose last dim moves by +-1 and no other dim moves
-    invariant: int  # accesses that do not move
-    strided: int  # accesses that move along an outer dim
+    contiguous: float  # accesses whose last dim moves by +-1 and no other dim moves
+    invariant: float  # accesses that do not move
+    strided: float  # accesses that move along an outer dim
     extent: int  # the largest trip count over the statements (for tile-size choices)
 
 
@@ -133,7 +133,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     par = [i for i in range(n) if coincident[i]]
     red = [i for i in range(n) if not coincident[i]]
 
-    def contiguity(i: int) -> tuple[int, int, int]:
+    def contiguity(i: int) -> tuple[float, float, int]:
         return (infos[i].contiguous - infos[i].strided, infos[i].invariant, i)
 
     contig = max(par, key=contiguity) if par else None
@@ -218,15 +218,21 @@ def _maybe_check(node: isl.ScheduleNode, deps: Deps) -> None:
 
 
 def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
+    """How member ``i`` moves the accesses of the band's statements, each access weighted by its
+    statement's share of the band's instances (the statements that do the work decide)."""
     upa = band.band_get_partial_schedule().get_union_pw_aff(i)
     sets: list[isl.Set] = []
     band.get_domain().foreach_set(sets.append)
-    contiguous = invariant = strided = extent = 0
+    counts = {dom.get_tuple_name(): _instances(scop, dom.get_tuple_name()) for dom in sets}
+    total = sum(counts.values()) or 1
+    contiguous = invariant = strided = 0.0
+    extent = 0
     for dom in sets:
         st = scop.stmt(dom.get_tuple_name())
+        weight = counts[st.name] / total
         direction = _direction(upa, dom)
         if direction is None:
-            strided += 1
+            strided += weight
             continue
         extent = max(extent, _extent(upa, dom))
         tc = scop.tc_statement(st.name)
@@ -235,12 +241,22 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
         for subs in subs_list:
             moves = [_move(sub, st.indices, direction) for sub in subs]
             if all(m == 0 for m in moves):
-                invariant += 1
+                invariant += weight
             elif moves and all(m == 0 for m in moves[:-1]) and moves[-1] in (1, -1):
-                contiguous += 1
+                contiguous += weight
             else:
-                strided += 1
+                strided += weight
     return MemberInfo(contiguous, invariant, strided, extent)
+
+
+def _instances(scop: Scop, name: str) -> int:
+    st = scop.stmt(name)
+    bs = scop.inst.stmts[st.number - 1]
+    shape = bs.shape[: len(bs.stmt.lhs)] if st.kind == "init" else bs.shape
+    count = 1
+    for n in shape:
+        count *= n
+    return count
 
 
 def _move(sub: Sym | None, indices: tuple[str, ...], direction: list[int]) -> int | None:
