@@ -214,7 +214,7 @@ class _Emitter:
             elif n.simd:
                 w.line("#pragma omp simd")
             trips = regtile.trip_bound(n)
-            if self.unroll and trips is not None and trips <= self.unroll and not n.omp \
+            if self.unroll and trips is not None and trips <= self.unroll and not n.omp and not n.simd \
                     and not any(isinstance(b, LFor) for b in n.body):
                 w.line(f"#pragma GCC unroll {trips}")
             cond = _top(self._lexpr(n.cond))
@@ -250,12 +250,14 @@ class _Emitter:
         with w.indent():
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
             self._tile_loops(rt, f"{acc} = {target};")
-            loop = rt.loop
-            w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
-                   f"{loop.var} += {loop.step}) {{")
-            with w.indent():
-                self._tile_loops(rt, None, acc)
-            w.line("}")
+            for loop in rt.serial:
+                w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
+                       f"{loop.var} += {loop.step}) {{")
+                w.push()
+            self._tile_loops(rt, None, acc)
+            for _ in rt.serial:
+                w.pop()
+                w.line("}")
             self._tile_loops(rt, f"{target} = {acc};")
         w.line("}")
 

@@ -20,7 +20,8 @@ MAX_ELEMENTS = 512
 
 @dataclass(frozen=True)
 class RegisterTile:
-    loop: LFor  # the serial reduction loop
+    loop: LFor  # the outermost serial (reduction) loop
+    serial: tuple[LFor, ...]  # the serial loops, outermost first (``loop`` included)
     inner: tuple[LFor, ...]  # the tile loops, outermost first
     call: LCall
     extents: tuple[int, ...]  # the bound on each tile loop's trip count (the acc array's shape)
@@ -29,14 +30,14 @@ class RegisterTile:
 def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     if n.parallel or len(n.body) != 1 or not isinstance(n.body[0], LFor):
         return None
-    inner: list[LFor] = []
+    chain: list[LFor] = [n]
     node = n.body[0]
     while isinstance(node, LFor):
-        inner.append(node)
+        chain.append(node)
         if len(node.body) != 1:
             return None
         node = node.body[0]
-    if not isinstance(node, LCall) or len(inner) > 3:
+    if not isinstance(node, LCall):
         return None
     st = scop.stmt(node.stmt)
     s = checked.stmts[st.number - 1]
@@ -44,12 +45,16 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
         return None
     args = dict(zip(st.indices, node.args))
     lhs = [args[i] for i in s.lhs]
-    inner_vars = [f.var for f in inner]
-    if any(n.var in _vars(a) for a in lhs):
+    lhs_vars = set().union(*(_vars(a) for a in lhs)) if lhs else set()
+    split = next((k for k, f in enumerate(chain) if f.var in lhs_vars), len(chain))
+    serial, inner = chain[:split], chain[split:]
+    if not inner or len(inner) > 3 or any(f.var in lhs_vars for f in serial) or any(f.parallel for f in serial):
         return None
+    serial_vars = {f.var for f in serial}
+    inner_vars = [f.var for f in inner]
     extents = []
     for f in inner:
-        if f.step != 1 or n.var in _vars(f.init) or n.var in _vars(f.cond) or not isinstance(f.init, LInt):
+        if f.step != 1 or (_vars(f.init) | _vars(f.cond)) & serial_vars or not isinstance(f.init, LInt):
             return None
         hi = _const_upper(f)
         if hi is None:
@@ -62,7 +67,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
         total *= e
     if total > MAX_ELEMENTS or total < 2:
         return None
-    return RegisterTile(n, tuple(inner), node, tuple(extents))
+    return RegisterTile(n, tuple(serial), tuple(inner), node, tuple(extents))
 
 
 def trip_bound(f: LFor) -> int | None:

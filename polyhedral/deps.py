@@ -16,23 +16,52 @@ from .scop import Scop
 
 @dataclass(frozen=True)
 class Deps:
+    """``flow`` and ``false`` order different statements, or a non-reduction statement's
+    instances; ``reduction`` links the instances of one reduction statement through the element
+    they accumulate into. Reductions are sums, products, minima and maxima: their updates may run
+    in any order, but never two at once. So schedules must respect ``validity``; loops are
+    parallel only if they carry nothing in ``all``."""
+
     flow: isl.UnionMap = field(compare=False)
     false: isl.UnionMap = field(compare=False)
+    reduction: isl.UnionMap = field(compare=False)
+
+    @property
+    def validity(self) -> isl.UnionMap:
+        return self.flow.union(self.false)
 
     @property
     def all(self) -> isl.UnionMap:
-        return self.flow.union(self.false)
+        return self.validity.union(self.reduction)
 
     def __str__(self) -> str:
-        return f"flow: {self.flow}\nfalse: {self.false}"
+        return f"flow: {self.flow}\nfalse: {self.false}\nreduction: {self.reduction}"
 
 
 def dependences(scop: Scop) -> Deps:
-    flow = (isl.UnionAccessInfo.from_sink(scop.reads).set_must_source(scop.writes)
+    updates = [st for st in scop.stmts if st.kind == "update" and scop.tc_statement(st.name).op != "="]
+    red = _filter(scop.domain, [st.name for st in updates])
+    plain = scop.domain.subtract(red)
+    must, may = scop.writes.intersect_domain(plain), scop.writes.intersect_domain(red)
+    flow = (isl.UnionAccessInfo.from_sink(scop.reads).set_must_source(must).set_may_source(may)
             .set_schedule_map(scop.order).compute_flow().get_may_dependence())
-    false = (isl.UnionAccessInfo.from_sink(scop.writes).set_must_source(scop.writes)
-             .set_may_source(scop.reads).set_schedule_map(scop.order).compute_flow().get_may_dependence())
-    return Deps(flow.coalesce(), false.coalesce())
+    false = (isl.UnionAccessInfo.from_sink(scop.writes).set_must_source(must)
+             .set_may_source(may.union(scop.reads)).set_schedule_map(scop.order).compute_flow().get_may_dependence())
+    self_deps = isl.UnionMap.empty(flow.get_space())
+    for st in updates:
+        one = _filter(scop.domain, [st.name])
+        self_deps = self_deps.union(flow.union(false).intersect_domain(one).intersect_range(one))
+    return Deps(flow.subtract(self_deps).coalesce(), false.subtract(self_deps).coalesce(), self_deps.coalesce())
+
+
+def _filter(domain: isl.UnionSet, names: list[str]) -> isl.UnionSet:
+    out = isl.UnionSet.empty(domain.get_space())
+    sets: list[isl.Set] = []
+    domain.foreach_set(sets.append)
+    for st in sets:
+        if st.get_tuple_name() in names:
+            out = out.union(isl.UnionSet.from_set(st))
+    return out
 
 
 def respects(deps: isl.UnionMap, schedule_map: isl.UnionMap) -> bool:

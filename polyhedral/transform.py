@@ -68,7 +68,7 @@ def _split_band(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
     filt = isl.UnionSet("{ " + "; ".join(f"{n}[{', '.join(f'i{k}' for k in range(_arity(dom, n)))}]"
                                          for n in inits) + " }").intersect(dom)
     split = band.order_before(filt)
-    if respects(deps.all, split.get_schedule().get_map()):
+    if respects(deps.validity, split.get_schedule().get_map()):
         return split
     return band
 
@@ -97,6 +97,7 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
     n = band.band_n_member()
     if not (band.band_get_permutable() or n == 1):
         return band
+    band = _unreverse(band, deps)
     infos = [member_info(band, i, scop) for i in range(n)]
     p = plan(infos, [bool(band.band_member_get_coincident(i)) for i in range(n)], options)
     if any(s > 1 for s in p.tile):
@@ -133,8 +134,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     par = [i for i in range(n) if coincident[i]]
     red = [i for i in range(n) if not coincident[i]]
 
-    def contiguity(i: int) -> tuple[float, float, int]:
-        return (infos[i].contiguous - infos[i].strided, infos[i].invariant, i)
+    def contiguity(i: int) -> tuple[float, bool, float, int]:  # ties go to parallel members
+        return (round(infos[i].contiguous - infos[i].strided, 6), coincident[i], infos[i].invariant, i)
 
     contig = max(par, key=contiguity) if par else None
     best = max(range(n), key=contiguity)
@@ -162,7 +163,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         if i == row:
             return 4 if infos[i].extent >= 4 else 1
         if i == contig:
-            return 64 if infos[i].extent >= 64 else 32 if infos[i].extent >= 32 else 1
+            e = infos[i].extent
+            return 64 if e >= 64 else 32 if e >= 32 else 16 if e >= 16 else e if e >= 4 else 1
         return 1
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
@@ -179,6 +181,34 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
 
 def _fit(values: tuple[int, ...], n: int, fill: int) -> list[int]:
     return (list(values) + [fill] * n)[:n]
+
+
+def _unreverse(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
+    """Members that run every statement's indices backwards (isl may reverse a loop that carries
+    only reductions) are turned forwards again when that stays legal: forward loops read memory
+    in the order the prefetchers and vector loads expect."""
+    mupa = band.band_get_partial_schedule()
+    sets: list[isl.Set] = []
+    band.get_domain().foreach_set(sets.append)
+    flip = []
+    for i in range(band.band_n_member()):
+        dirs = [_direction(mupa.get_union_pw_aff(i), dom) for dom in sets]
+        if all(d is not None for d in dirs) and all(c <= 0 for d in dirs for c in d) and \
+                any(c < 0 for d in dirs for c in d):  # type: ignore[union-attr]
+            flip.append(i)
+    if not flip:
+        return band
+    for i in flip:
+        mupa = mupa.set_union_pw_aff(i, mupa.get_union_pw_aff(i).neg())
+    coincident = [band.band_member_get_coincident(i) for i in range(band.band_n_member())]
+    permutable = band.band_get_permutable()
+    node = band.delete().insert_partial_schedule(mupa)
+    node = node.band_set_permutable(permutable)
+    for i, c in enumerate(coincident):
+        node = node.band_member_set_coincident(i, c)
+    if respects(deps.validity, node.get_schedule().get_map()):
+        return node
+    return band
 
 
 def permute(band: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:

@@ -107,6 +107,24 @@ def _guards(s: Statement, ranges: tuple[tuple[str, int, int], ...], shapes: dict
     return tuple(out)
 
 
+def fully_written(inst: Instance, tensor: str) -> bool:
+    """Whether some statement writes every element of ``tensor`` before anything reads it: the
+    first statement that writes it initialises it (``!``) or assigns it over its whole shape
+    without guards. Such a tensor needs no zero-filling."""
+    shape = inst.shapes[tensor]
+    for bs in inst.stmts:
+        s = bs.stmt
+        reads_it = any(a.tensor == tensor for a in s.accesses)
+        if s.tensor != tensor:
+            if reads_it:
+                return False
+            continue
+        box = tuple(hi for _, lo, hi in bs.ranges[: len(s.lhs)])
+        covers = box == shape and all(lo == 0 for _, lo, _ in bs.ranges[: len(s.lhs)])
+        return covers and not reads_it and (s.init or (s.op == "=" and not bs.guards))
+    return False
+
+
 def access_text(s: Statement, acc: Access) -> str:
     return f"{acc.tensor}({', '.join('<gather>' if x is None else str(x) for x in acc.subs)})"
 
