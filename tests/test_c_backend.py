@@ -335,6 +335,38 @@ def test_check_legal_rejects_update_before_init():
         schedule.check_legal(sched, deps)
 
 
+REVERSED_USE = "def rev(float(N) A) -> (O) {\n  T(i) = A(i) * 2.0\n  O(i) = T(N - 1 - i) + 1.0\n}"
+
+
+def test_check_legal_rejects_a_fusion_that_reads_before_the_write():
+    """Fusing S1[i] with S2[i] is illegal: S2 at i reads T(N - 1 - i), written later for i < N / 2."""
+    k = tc.define(REVERSED_USE)
+    scop = build_scop(k.instance(np.zeros(7, np.float32)))
+    deps = dependences(scop)
+    assert [s.name for s in scop.stmts] == ["S1", "S2"]
+    fused = isl.UnionMap("{ S1[i0] -> [i0, 0]; S2[i0] -> [i0, 1] }").intersect_domain(scop.domain)
+    sched = isl.Schedule.from_domain(scop.domain).insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(fused))
+    with pytest.raises(TcScheduleError) as ei:
+        schedule.check_legal(sched, deps)
+    assert "violates dependences" in ei.value.message
+    assert "S1[" in ei.value.message and "S2[" in ei.value.message
+    # the program order, and every computed schedule, are legal
+    ordered = isl.UnionMap("{ S1[i0] -> [0, i0]; S2[i0] -> [1, i0] }").intersect_domain(scop.domain)
+    assert schedule.check_legal(isl.Schedule.from_domain(scop.domain).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(ordered)), deps) is None
+    for fusion in FUSION:
+        assert schedule.check_legal(schedule.compute(scop, deps, MappingOptions(fusion=fusion)), deps) is None
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("fusion", [None, *FUSION])
+def test_reversed_use_of_a_temporary_under_every_fusion(fusion: str | None):
+    k = tc.define(REVERSED_USE)
+    A = f32((33,))
+    for opts in (MappingOptions(fusion=fusion), MappingOptions(fusion=fusion, tile=(4,), register_tile=(3,))):
+        np.testing.assert_array_equal(k(A, backend="c", options=opts), A[::-1] * np.float32(2) + np.float32(1))
+
+
 @pytest.mark.parametrize("fusion", FUSION)
 def test_check_legal_accepts_the_computed_and_the_program_order_schedules(fusion: str):
     scop, deps = _matmul_scop()
