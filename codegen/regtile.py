@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tcdsl.checked import CheckedDef
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LNode, LOp, LVar
 from tcdsl.polyhedral.scop import Scop
 
 MAX_ELEMENTS = 512
@@ -31,7 +31,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     if n.parallel or len(n.body) != 1 or not isinstance(n.body[0], LFor):
         return None
     chain: list[LFor] = [n]
-    node = n.body[0]
+    node: LNode = n.body[0]
     while isinstance(node, LFor):
         chain.append(node)
         if len(node.body) != 1:

@@ -21,7 +21,8 @@ from pathlib import Path
 from tcdsl import knobs
 from tcdsl.errors import TcCompileError
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
+         "-std=gnu11")
 _loaded: dict[str, ctypes.CDLL] = {}
 BUILDS = 0  # compiler invocations in this process (on-disk cache misses)
 _lock = threading.Lock()
@@ -33,7 +34,7 @@ def has_vector_math() -> bool:
     if platform.machine() not in ("x86_64", "AMD64"):
         return False
     try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # e.g. "glibc 2.36"
+        name, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").split()  # e.g. "glibc 2.36"
         major, minor = (int(x) for x in version.split(".")[:2])
     except (ValueError, OSError, AttributeError):
         return False

@@ -15,11 +15,15 @@ import islpy as isl
 from tcdsl.errors import TcScheduleError
 from tcdsl.options import MappingOptions
 
-from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LoopIR, LVar
+from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
+
+# members whose names end in "_" (they clash with Python keywords) are missing from islpy's stubs
+_AND, _OR = getattr(isl.ast_expr_op_type, "and_"), getattr(isl.ast_expr_op_type, "or_")
+_FOR, _IF = getattr(isl.ast_node_type, "for_"), getattr(isl.ast_node_type, "if_")
 
 _OPS = {
-    isl.ast_expr_op_type.and_: "&&", isl.ast_expr_op_type.and_then: "&&",
-    isl.ast_expr_op_type.or_: "||", isl.ast_expr_op_type.or_else: "||",
+    _AND: "&&", isl.ast_expr_op_type.and_then: "&&",
+    _OR: "||", isl.ast_expr_op_type.or_else: "||",
     isl.ast_expr_op_type.max: "max", isl.ast_expr_op_type.min: "min", isl.ast_expr_op_type.minus: "neg",
     isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-", isl.ast_expr_op_type.mul: "*",
     isl.ast_expr_op_type.div: "div", isl.ast_expr_op_type.fdiv_q: "floordiv", isl.ast_expr_op_type.pdiv_q: "div",
@@ -113,7 +117,7 @@ def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
         for i in range(lst.n_ast_node()):
             out.extend(_node(lst.get_at(i), notes))
         return out
-    if t == isl.ast_node_type.for_:
+    if t == _FOR:
         var = n.for_get_iterator().get_id().get_name()
         ann = n.get_annotation()
         tag = ann.get_name() if ann is not None else "seq"
@@ -121,7 +125,7 @@ def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
         step = n.for_get_inc().get_val().to_python()
         return [LFor(var, _expr(n.for_get_init()), _expr(n.for_get_cond()), int(step),
                      tuple(_node(n.for_get_body(), notes)), parallel=tag == "par", note=note)]
-    if t == isl.ast_node_type.if_:
+    if t == _IF:
         other = tuple(_node(n.if_get_else_node(), notes)) if n.if_has_else_node() else ()
         return [LIf(_expr(n.if_get_cond()), tuple(_node(n.if_get_then_node(), notes)), other)]
     if t == isl.ast_node_type.user:

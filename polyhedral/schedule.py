@@ -8,12 +8,12 @@ invariant every transformation must keep.
 
 from __future__ import annotations
 
-from tcdsl import knobs
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import islpy as isl
 
+from tcdsl import knobs
 from tcdsl.errors import TcScheduleError
 from tcdsl.options import MappingOptions
 
@@ -62,7 +62,7 @@ def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
           .set_validity(deps.validity).set_proximity(deps.all).set_coincidence(deps.all))
     budget = knobs.isl_max_operations()
     try:
-        with _isl_options(ctx, _STRATEGY[options.fusion]):
+        with _isl_options(ctx, _STRATEGY[options.fusion or "preserve"]):
             ctx.set_max_operations(budget)
             ctx.reset_operations()
             try:

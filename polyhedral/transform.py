@@ -192,9 +192,9 @@ def _unreverse(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
     band.get_domain().foreach_set(sets.append)
     flip = []
     for i in range(band.band_n_member()):
-        dirs = [_direction(mupa.get_union_pw_aff(i), dom) for dom in sets]
-        if all(d is not None for d in dirs) and all(c <= 0 for d in dirs for c in d) and \
-                any(c < 0 for d in dirs for c in d):  # type: ignore[union-attr]
+        found = [_direction(mupa.get_union_pw_aff(i), dom) for dom in sets]
+        dirs = [d for d in found if d is not None]
+        if len(dirs) == len(found) and all(c <= 0 for d in dirs for c in d) and any(c < 0 for d in dirs for c in d):
             flip.append(i)
     if not flip:
         return band

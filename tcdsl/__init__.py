@@ -4,7 +4,6 @@
 """
 
 from .api import GenericKernel, Kernel, Library, define
-from .options import MappingOptions
 from .errors import (
                      TcArgumentError,
                      TcCompileError,
@@ -16,9 +15,10 @@ from .errors import (
                      TcSyntaxError,
                      TcTypeError,
 )
+from .options import MappingOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["define", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError", "TcSemanticError",
-           "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
+__all__ = ["define", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
+           "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
            "TcCompileError", "__version__"]

@@ -21,13 +21,13 @@ from . import ast as A
 from . import dtypes as T
 from . import interp
 from .checked import CheckedDef
+from .compiler import CKernel, Lowered, lower, strides_of
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
-from .compiler import CKernel, Lowered, lower, strides_of
-from .explain import explain as explain_lowered
-from .polyhedral.treeprint import tree_text
 from .options import MappingOptions
+from .polyhedral.treeprint import tree_text
 from .sema import check_def, check_module
 
 BACKENDS = ("c", "numpy")

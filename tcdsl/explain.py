@@ -60,17 +60,21 @@ def _nests(sched: isl.Schedule) -> list[list[str]]:
     if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         groups = []
         for i in range(node.n_children()):
-            names: list[str] = []
-            node.child(i).filter_get_filter().foreach_set(lambda s: names.append(s.get_tuple_name()))
-            groups.append(sorted(names, key=_order))
+            groups.append(sorted(_names(node.child(i).filter_get_filter()), key=_order))
         return groups
-    names = []
-    node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
-    return [sorted(names, key=_order)]
+    return [sorted(_names(node.get_domain()), key=_order)]
+
+
+def _names(uset: isl.UnionSet) -> list[str]:
+    names: list[str] = []
+    uset.foreach_set(lambda s: names.append(s.get_tuple_name()))
+    return names
 
 
 def _order(name: str) -> tuple[int, int]:
-    return (int(name.lstrip("initS")), 0 if name.startswith("init") else 1)
+    """init<n> before S<n>, by statement number."""
+    number = name.removeprefix("init").removeprefix("S")
+    return (int(number), 0 if name.startswith("init") else 1)
 
 
 def _loops(nodes: tuple[LNode, ...], depth: int, out: list[str]) -> None:

@@ -58,7 +58,7 @@ class MappingOptions:
         unknown = set(data) - known
         if unknown:
             raise TcArgumentError(f"unknown mapping options: {', '.join(sorted(unknown))}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})  # type: ignore[arg-type]
 
     def with_(self, **changes: Any) -> MappingOptions:
         return replace(self, **changes)
