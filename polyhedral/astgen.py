@@ -18,8 +18,8 @@ from tcdsl.options import MappingOptions
 from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
 
 # members whose names end in "_" (they clash with Python keywords) are missing from islpy's stubs
-_AND, _OR = getattr(isl.ast_expr_op_type, "and_"), getattr(isl.ast_expr_op_type, "or_")
-_FOR, _IF = getattr(isl.ast_node_type, "for_"), getattr(isl.ast_node_type, "if_")
+_AND, _OR = getattr(isl.ast_expr_op_type, "and_"), getattr(isl.ast_expr_op_type, "or_")  # noqa: B009
+_FOR, _IF = getattr(isl.ast_node_type, "for_"), getattr(isl.ast_node_type, "if_")  # noqa: B009
 
 _OPS = {
     _AND: "&&", isl.ast_expr_op_type.and_then: "&&",
