@@ -15,7 +15,8 @@ import numpy as np
 
 from tcdsl import dtypes as T
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
-from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop
+from tcdsl.checked import (Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop,
+                           reads)
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
@@ -136,6 +137,8 @@ class _Emitter:
         self.sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
         self.errors: list[ErrorSite] = []
         self.scalars: dict[str, str] = {}  # contracted temporaries -> their C scalar
+        self.hoisted: dict[int, str] = {}  # id(Read) -> a constant loaded before the current loop
+        self.hoist_count = 0
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -209,6 +212,8 @@ class _Emitter:
         if isinstance(n, LFor) and self._accumulate(n):
             return
         if isinstance(n, LFor):
+            hoisted = self._hoist(n) if n.simd else {}
+            self.hoisted.update(hoisted)
             if n.omp:
                 w.line("#pragma omp parallel for schedule(static)")
             elif n.simd:
@@ -222,6 +227,8 @@ class _Emitter:
             with w.indent():
                 self._body(n.body)
             w.line("}")
+            for key in hoisted:
+                del self.hoisted[key]
         elif isinstance(n, LIf):
             w.line(f"if ({_top(self._lexpr(n.cond))}) {{")
             with w.indent():
@@ -280,6 +287,37 @@ class _Emitter:
         for _ in rt.inner:
             w.pop()
             w.line("}")
+
+    def _hoist(self, n: LFor) -> dict[int, str]:
+        """Load the reads that do not move with loop ``n`` once, before it, into constants (GCC
+        cannot prove them invariant inside OpenMP regions, which blocks vectorisation).
+        Returns ``id(Read) -> local name``; emits the loads."""
+        calls = [b for b in n.body if isinstance(b, LCall)]
+        if len(calls) != len(n.body):
+            return {}
+        written = {self.c.stmts[self.scop.stmt(c.stmt).number - 1].tensor for c in calls}
+        out: dict[int, str] = {}
+        for call in calls:
+            st = self.scop.stmt(call.stmt)
+            if st.kind != "update":
+                continue
+            s = self.c.stmts[st.number - 1]
+            args = dict(zip(st.indices, call.args))
+            for r in reads(s.rhs):
+                if id(r) in out or r.tensor in written or r.conditional or r.tensor in self.scalars:
+                    continue
+                if not all(isinstance(x, Sym) for x in r.subs):
+                    continue
+                names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
+                if any(n.var in _vars(args[i]) for i in names):
+                    continue
+                env = {i: f"({_top(self._lexpr(args[i]))})" for i in names}
+                name = f"h{self.hoist_count}"
+                self.hoist_count += 1
+                self.w.line(f"const {CTYPE[r.dtype]} {name} = "
+                            f"{self._access(r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)), env)};")
+                out[id(r)] = name
+        return out
 
     def _accumulate(self, n: LFor) -> bool:
         """An innermost reduction loop into one element: keep the element in a local accumulator
@@ -505,6 +543,8 @@ class _Emitter:
     def _read(self, e: Read, env: dict[str, str], s: Statement) -> str:
         if e.tensor in self.scalars:
             return self.scalars[e.tensor]
+        if id(e) in self.hoisted:
+            return self.hoisted[id(e)]
         shape = self.shapes[e.tensor]
         box = {r.name: (r.lo.subs(self.sizes), r.hi.subs(self.sizes)) for r in s.ranges}
         texts = []

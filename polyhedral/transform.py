@@ -36,6 +36,7 @@ class MemberInfo:
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
     node = _split_inits(sched.get_root(), deps)
+    node = _distribute_mixed(node, deps)
     node = _visit(node, scop, deps, options)
     out = node.get_schedule()
     check_legal(out, deps)
@@ -154,6 +155,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         order = list(range(n))
 
     def default_tile(i: int) -> int:
+        if i in red and row is None and contig is None:
+            return 0  # reductions innermost: one accumulator over the whole range
         size = 256 if i == contig else 64 if i == row else 128 if i in red else DEFAULT_TILE
         return size if infos[i].extent > size else 0
 
@@ -181,6 +184,65 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
 
 def _fit(values: tuple[int, ...], n: int, fill: int) -> list[int]:
     return (list(values) + [fill] * n)[:n]
+
+
+def _distribute_mixed(root: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
+    """Bands that run one statement backwards and another forwards (isl's way of fusing a
+    reduction after another inside one loop) are distributed into one band per statement, in
+    textual order, where that is legal; each then runs forwards (see ``_unreverse``)."""
+    failed: set[tuple[int, ...]] = set()
+    while True:
+        path = _find_band(root, (), lambda b: _mixed(b), failed)
+        if path is None:
+            return root
+        node = root
+        for i in path:
+            node = node.child(i)
+        done = _distribute(node, deps)
+        if done is None:
+            failed.add(path)
+        else:
+            root = done.root()
+
+
+def _find_band(node: isl.ScheduleNode, path: tuple[int, ...], pred, skip: set[tuple[int, ...]]) -> tuple[int, ...] | None:
+    if node.get_type() == isl.schedule_node_type.band and path not in skip and pred(node):
+        return path
+    for i in range(node.n_children()):
+        found = _find_band(node.child(i), path + (i,), pred, skip)
+        if found is not None:
+            return found
+    return None
+
+
+def _mixed(band: isl.ScheduleNode) -> bool:
+    mupa = band.band_get_partial_schedule()
+    sets: list[isl.Set] = []
+    band.get_domain().foreach_set(sets.append)
+    if len(sets) < 2:
+        return False
+    for i in range(band.band_n_member()):
+        signs = set()
+        for dom in sets:
+            d = _direction(mupa.get_union_pw_aff(i), dom)
+            signs |= {(c > 0) - (c < 0) for c in (d or []) if c != 0}
+        if signs == {1, -1}:
+            return True
+    return False
+
+
+def _distribute(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode | None:
+    sets: list[isl.Set] = []
+    band.get_domain().foreach_set(sets.append)
+    sets.sort(key=lambda st: _stmt_order(st.get_tuple_name()))
+    node = band
+    for st in sets[:-1]:
+        node = node.order_before(isl.UnionSet.from_set(st))
+    return node if respects(deps.validity, node.get_schedule().get_map()) else None
+
+
+def _stmt_order(name: str) -> tuple[int, int]:
+    return (int(name.removeprefix("init").removeprefix("S")), 0 if name.startswith("init") else 1)
 
 
 def _unreverse(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
