@@ -15,8 +15,8 @@ import numpy as np
 
 from tcdsl import dtypes as T
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
-from tcdsl.checked import (Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop,
-                           reads)
+from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
+from tcdsl.instance import fully_written
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
@@ -164,7 +164,8 @@ class _Emitter:
         for name, owner in owners.items():
             if owner != name:
                 self.var[name] = self.var[owner]
-                resets.setdefault(memshare.first_use(ir, self.scop, name), []).append(name)
+                if not fully_written(self.scop.inst, name):
+                    resets.setdefault(memshare.first_use(ir, self.scop, name), []).append(name)
         with w.indent():
             self._declare_scalars(ir.body)
             for pos, n in enumerate(ir.body):
@@ -194,7 +195,8 @@ class _Emitter:
                 var = f"r{self.order.index(name)}"
                 self.w.line(f"{CTYPE[self.tensors[name].dtype]} {var}[{size}];  // temporary {name}: the slice "
                             f"this iteration uses")
-                self.w.line(f"memset({var}, 0, sizeof {var});")
+                if not fully_written(self.scop.inst, name):
+                    self.w.line(f"memset({var}, 0, sizeof {var});")
         for name, where in self.contracted.items():
             if where == id(body):
                 self.scalars[name] = f"s{self.order.index(name)}"
