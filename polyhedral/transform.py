@@ -141,10 +141,15 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     contig = max(par, key=contiguity) if par else None
     best = max(range(n), key=contiguity)
     row = None
+    rows: list[int] = []
     if red and contig is not None and infos[contig].contiguous > 0 and best in par:
         others = [i for i in par if i != contig]
-        row = max(others, key=lambda i: (infos[i].invariant, i)) if others else None
-        order = [i for i in others if i != row] + ([row] if row is not None else []) + [contig] + red
+        ranked = sorted(others, key=lambda i: (infos[i].invariant, i), reverse=True)
+        row = ranked[0] if ranked else None
+        # a second row member (conv: output channel x output row) when it too leaves an operand
+        # in place: more accumulators per operand loaded
+        rows = [r for r in ranked[:2] if r == row or (infos[r].invariant > 0 and infos[r].extent >= 4)]
+        order = [i for i in others if i not in rows] + sorted(rows) + [contig] + red
     elif par and not red:
         order = [i for i in range(n) if i != best] + [best]
         contig = best
@@ -157,17 +162,21 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     def default_tile(i: int) -> int:
         if i in red and row is None and contig is None:
             return 0  # reductions innermost: one accumulator over the whole range
-        size = 256 if i == contig else 64 if i == row else 128 if i in red else DEFAULT_TILE
+        size = 256 if i == contig else 64 if i in rows else 128 if i in red else DEFAULT_TILE
         return size if infos[i].extent > size else 0
 
     def default_register(i: int) -> int:
         if not red:
             return 1
-        if i == row:
+        if i in rows:
             return 4 if infos[i].extent >= 4 else 1
         if i == contig:
             e = infos[i].extent
-            return 64 if e >= 64 else 32 if e >= 32 else 16 if e >= 16 else e if e >= 4 else 1
+            wide = 16 if len(rows) > 1 else 64  # keep the tile within the 32 vector registers
+            exact = [d for d in range(wide, 7, -1) if e % d == 0]  # full tiles: constant trip counts
+            if exact and e < 4 * wide:
+                return exact[0]
+            return min(wide, 64 if e >= 64 else 32 if e >= 32 else 16 if e >= 16 else e if e >= 4 else 1)
         return 1
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
