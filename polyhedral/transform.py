@@ -200,18 +200,18 @@ def _distribute_mixed(root: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
     reduction after another inside one loop) are distributed into one band per statement, in
     textual order, where that is legal; each then runs forwards (see ``_unreverse``)."""
     failed: set[tuple[int, ...]] = set()
-    while True:
-        path = _find_band(root, (), lambda b: _mixed(b), failed)
+    for _ in range(64):  # each success splits a band into single-statement bands: this ends
+        path = _find_band(root, (), _mixed, failed)
         if path is None:
             return root
         node = root
         for i in path:
             node = node.child(i)
         done = _distribute(node, deps)
-        if done is None:
-            failed.add(path)
-        else:
+        failed.add(path)  # a path is tried once, whatever happens
+        if done is not None:
             root = done.root()
+    return root
 
 
 def _find_band(node: isl.ScheduleNode, path: tuple[int, ...], pred, skip: set[tuple[int, ...]]) -> tuple[int, ...] | None:

@@ -11,6 +11,9 @@ import warnings
 
 import pytest
 
+# every schedule transformation is checked against the dependences in tests (see tcdsl/knobs.py)
+os.environ.setdefault("TCDSL_CHECK_SCHEDULE", "1")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
