@@ -9,6 +9,7 @@ tiles whose loops are fully unrolled (unroll-and-jam). Each step keeps the sched
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
@@ -214,7 +215,8 @@ def _distribute_mixed(root: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:
     return root
 
 
-def _find_band(node: isl.ScheduleNode, path: tuple[int, ...], pred, skip: set[tuple[int, ...]]) -> tuple[int, ...] | None:
+def _find_band(node: isl.ScheduleNode, path: tuple[int, ...], pred: Callable[[isl.ScheduleNode], bool],
+               skip: set[tuple[int, ...]]) -> tuple[int, ...] | None:
     if node.get_type() == isl.schedule_node_type.band and path not in skip and pred(node):
         return path
     for i in range(node.n_children()):
