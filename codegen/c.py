@@ -17,7 +17,7 @@ from tcdsl import dtypes as T
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
@@ -311,7 +311,7 @@ class _Emitter:
                 if not all(isinstance(x, Sym) for x in r.subs):
                     continue
                 names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
-                if any(n.var in _vars(args[i]) for i in names):
+                if any(n.var in expr_vars(args[i]) for i in names):
                     continue
                 env = {i: f"({_top(self._lexpr(args[i]))})" for i in names}
                 name = f"h{self.hoist_count}"
@@ -332,7 +332,7 @@ class _Emitter:
         if st.kind != "update" or s.op == "=":
             return False
         args = dict(zip(st.indices, call.args))
-        if any(n.var in _vars(args[i]) for i in s.lhs):
+        if any(n.var in expr_vars(args[i]) for i in s.lhs):
             return False
         t = self.tensors[s.tensor]
         ctype = CTYPE[t.dtype]
@@ -578,14 +578,6 @@ class _Emitter:
                 "fma": "fma"}.get(fn, fn)
         call = f"{name}{suffix}({', '.join(a)})"
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
-
-
-def _vars(e: LExpr) -> set[str]:
-    if isinstance(e, LVar):
-        return {e.name}
-    if isinstance(e, LOp):
-        return set().union(*(_vars(a) for a in e.args)) if e.args else set()
-    return set()
 
 
 def _is_product(e: TExpr) -> bool:

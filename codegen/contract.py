@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from tcdsl.affine import Sym, Var
 from tcdsl.checked import reads
-from tcdsl.polyhedral.loopir import LCall, LFor, LIf, LNode, LoopIR
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LNode, LoopIR, expr_vars
 from tcdsl.polyhedral.scop import Scop
 
 
@@ -115,7 +115,7 @@ def row_buffers(ir: LoopIR, scop: Scop, taken: set[str], limit: int = 16384) -> 
 def _row_buffer(ir: LoopIR, scop: Scop, name: str, rank: int) -> tuple[int, tuple[int, ...]] | None:
     checked = scop.inst.checked
     # every access as (path of enclosing loops, the subscript of each dim as a loop expression or None)
-    accesses: list[tuple[tuple[LFor, ...], list[object]]] = []
+    accesses: list[tuple[tuple[LFor, ...], list[LExpr | None]]] = []
     for path, call in _calls_with_path(ir.body, ()):
         st = scop.stmt(call.stmt)
         s = checked.stmts[st.number - 1]
@@ -142,7 +142,7 @@ def _row_buffer(ir: LoopIR, scop: Scop, name: str, rank: int) -> tuple[int, tupl
     fixed = []
     for d in range(rank):
         first = accesses[0][1][d]
-        if first is None or not _vars_of(first) <= outer_vars or loop.var not in _vars_of(first):
+        if first is None or not expr_vars(first) <= outer_vars or loop.var not in expr_vars(first):
             continue
         if all(subs[d] == first for _, subs in accesses):
             fixed.append(d)
@@ -158,16 +158,3 @@ def _calls_with_path(body: tuple[LNode, ...], path: tuple[LFor, ...]) -> Iterato
         elif isinstance(n, LIf):
             yield from _calls_with_path(n.then, path)
             yield from _calls_with_path(n.other, path)
-
-
-def _vars_of(e: object) -> set[str]:
-    from tcdsl.polyhedral.loopir import LOp, LVar
-
-    if isinstance(e, LVar):
-        return {e.name}
-    if isinstance(e, LOp):
-        out: set[str] = set()
-        for a in e.args:
-            out |= _vars_of(a)
-        return out
-    return set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tcdsl.checked import CheckedDef
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LNode, LOp, LVar
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LNode, LOp, LVar, expr_vars
 from tcdsl.polyhedral.scop import Scop
 
 MAX_ELEMENTS = 512
@@ -45,7 +45,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
         return None
     args = dict(zip(st.indices, node.args))
     lhs = [args[i] for i in s.lhs]
-    lhs_vars = set().union(*(_vars(a) for a in lhs)) if lhs else set()
+    lhs_vars = set().union(*(expr_vars(a) for a in lhs)) if lhs else set()
     split = next((k for k, f in enumerate(chain) if f.var in lhs_vars), len(chain))
     serial, inner = chain[:split], chain[split:]
     if not inner or len(inner) > 3 or any(f.var in lhs_vars for f in serial) or any(f.parallel for f in serial):
@@ -54,13 +54,13 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     inner_vars = [f.var for f in inner]
     extents = []
     for f in inner:
-        if f.step != 1 or (_vars(f.init) | _vars(f.cond)) & serial_vars or not isinstance(f.init, LInt):
+        if f.step != 1 or (expr_vars(f.init) | expr_vars(f.cond)) & serial_vars or not isinstance(f.init, LInt):
             return None
         hi = _const_upper(f)
         if hi is None:
             return None
         extents.append(hi - f.init.value + 1)
-        if sum(1 for a in lhs if f.var in _vars(a)) != 1 or not any(_unit_in(a, f.var, inner_vars) for a in lhs):
+        if sum(1 for a in lhs if f.var in expr_vars(a)) != 1 or not any(_unit_in(a, f.var, inner_vars) for a in lhs):
             return None
     total = 1
     for e in extents:
@@ -105,16 +105,5 @@ def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:
     if isinstance(e, LOp) and e.op == "+" and len(e.args) == 2:
         a, b = e.args
         other = b if a == LVar(var) else a if b == LVar(var) else None
-        return other is not None and not (_vars(other) & set(inner))
+        return other is not None and not (expr_vars(other) & set(inner))
     return False
-
-
-def _vars(e: LExpr) -> set[str]:
-    if isinstance(e, LVar):
-        return {e.name}
-    if isinstance(e, LOp):
-        out: set[str] = set()
-        for a in e.args:
-            out |= _vars(a)
-        return out
-    return set()

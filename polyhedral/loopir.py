@@ -75,6 +75,18 @@ class LoopIR:
         return "\n".join(lines)
 
 
+def expr_vars(e: LExpr) -> set[str]:
+    """The loop variables an expression reads."""
+    if isinstance(e, LVar):
+        return {e.name}
+    if isinstance(e, LOp):
+        out: set[str] = set()
+        for a in e.args:
+            out |= expr_vars(a)
+        return out
+    return set()
+
+
 _INFIX = {"+", "-", "*", "==", "<=", "<", ">=", ">", "&&", "||"}
 
 

@@ -64,6 +64,11 @@ class Scop:
         return "\n".join(lines)
 
 
+def stmt_order(name: str) -> tuple[int, int]:
+    """Textual order of scop statement names: init<n> before S<n>, by statement number."""
+    return (int(name.removeprefix("init").removeprefix("S")), 0 if name.startswith("init") else 1)
+
+
 def build_scop(inst: Instance, parametric: bool = False) -> Scop:
     """The model with the size symbols as isl parameters ``p_<size>``: fixed to the instance's sizes
     (the default; ``general`` then holds the same model for every size, which the scheduler uses)

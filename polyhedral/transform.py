@@ -20,7 +20,7 @@ from tcdsl.options import MappingOptions
 
 from .deps import Deps, respects
 from .schedule import check_legal
-from .scop import Scop
+from .scop import Scop, stmt_order
 
 DEFAULT_TILE = 32
 
@@ -245,15 +245,11 @@ def _mixed(band: isl.ScheduleNode) -> bool:
 def _distribute(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode | None:
     sets: list[isl.Set] = []
     band.get_domain().foreach_set(sets.append)
-    sets.sort(key=lambda st: _stmt_order(st.get_tuple_name()))
+    sets.sort(key=lambda st: stmt_order(st.get_tuple_name()))
     node = band
     for st in sets[:-1]:
         node = node.order_before(isl.UnionSet.from_set(st))
     return node if respects(deps.validity, node.get_schedule().get_map()) else None
-
-
-def _stmt_order(name: str) -> tuple[int, int]:
-    return (int(name.removeprefix("init").removeprefix("S")), 0 if name.startswith("init") else 1)
 
 
 def _unreverse(band: isl.ScheduleNode, deps: Deps) -> isl.ScheduleNode:

@@ -14,6 +14,7 @@ from .options import MappingOptions
 from .polyhedral import schedule
 from .polyhedral.loopir import LFor, LIf, LNode
 from .polyhedral.loopir import expr_text as lexpr
+from .polyhedral.scop import stmt_order
 from .printer import stmt as print_stmt
 
 
@@ -60,21 +61,15 @@ def _nests(sched: isl.Schedule) -> list[list[str]]:
     if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
         groups = []
         for i in range(node.n_children()):
-            groups.append(sorted(_names(node.child(i).filter_get_filter()), key=_order))
+            groups.append(sorted(_names(node.child(i).filter_get_filter()), key=stmt_order))
         return groups
-    return [sorted(_names(node.get_domain()), key=_order)]
+    return [sorted(_names(node.get_domain()), key=stmt_order)]
 
 
 def _names(uset: isl.UnionSet) -> list[str]:
     names: list[str] = []
     uset.foreach_set(lambda s: names.append(s.get_tuple_name()))
     return names
-
-
-def _order(name: str) -> tuple[int, int]:
-    """init<n> before S<n>, by statement number."""
-    number = name.removeprefix("init").removeprefix("S")
-    return (int(number), 0 if name.startswith("init") else 1)
 
 
 def _loops(nodes: tuple[LNode, ...], depth: int, out: list[str]) -> None:
