@@ -26,10 +26,6 @@ class ScopStmt:
     kind: str  # "init" or "update"
     indices: tuple[str, ...]  # TC index names, in the order of the isl tuple
 
-    @property
-    def lhs_rank(self) -> int:
-        return len(self.indices) if self.kind == "init" else -1
-
 
 @dataclass(frozen=True)
 class Scop:
@@ -49,9 +45,6 @@ class Scop:
 
     def tc_statement(self, name: str) -> Statement:
         return self.inst.checked.stmts[self.stmt(name).number - 1]
-
-    def tensor_of(self, array: str) -> str:
-        return next(k for k, v in self.arrays.items() if v == array)
 
     def __str__(self) -> str:
         lines = [f"scop {self.inst.checked.name}" + (" (parametric)" if self.parametric else

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import ast as A
 from . import dtypes as T
-from . import interp
+from . import interp, knobs
 from .checked import CheckedDef
 from .compiler import CKernel, Lowered, lower, strides_of
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
@@ -43,6 +43,20 @@ def _has_cc() -> bool:
     from .codegen import toolchain
 
     return shutil.which(toolchain.compiler()[0]) is not None
+
+
+def _user_facing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Errors in the user's TC text or arguments surface at the user's call, without tcdsl's own
+    frames (set TCDSL_DEBUG=1 to keep them)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TcError as e:
+            if knobs.debug():
+                raise
+            raise e.with_traceback(None) from None
+    return wrapper
 
 
 class Kernel:
@@ -125,6 +139,7 @@ class Kernel:
         opts = (options or self.options).resolved(self.checked)
         return explain_lowered(self.lowered(*args, options=opts), opts)
 
+    @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         be = _check_backend(backend or self.backend or default_backend())
@@ -218,6 +233,7 @@ class GenericKernel:
         span = self.stmts[0].span
         return A.Def(A.Ident(self.name, span), tuple(params), outputs, self.stmts, span)
 
+    @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         return self.kernel(*args)(*args, out=out, backend=backend or self.backend, options=options)
@@ -254,6 +270,7 @@ class Library(SimpleNamespace):
         return len(vars(self))
 
 
+@_user_facing
 def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | None = None,
            backend: str | None = None) -> Any:
     """Compile TC text. One def -> a ``Kernel``; several -> a ``Library``; statements without a

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .affine import Sym, bounds
-from .checked import Access, CheckedDef, Statement
+from .checked import CheckedDef, Statement
 from .errors import TcArgumentError, TcRangeError
 
 
@@ -123,10 +123,6 @@ def fully_written(inst: Instance, tensor: str) -> bool:
         covers = box == shape and all(lo == 0 for _, lo, _ in bs.ranges[: len(s.lhs)])
         return covers and not reads_it and (s.init or (s.op == "=" and not bs.guards))
     return False
-
-
-def access_text(s: Statement, acc: Access) -> str:
-    return f"{acc.tensor}({', '.join('<gather>' if x is None else str(x) for x in acc.subs)})"
 
 
 def _show(sizes: dict[str, int]) -> str:
