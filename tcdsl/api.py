@@ -149,7 +149,11 @@ class Kernel:
         if be == "c":
             arrays = [_c_ready(a) for a in arrays]
             ck = self._compiled_for(inst, arrays, options or self.options)
-            results = ck({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+            inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
+            if outs is not None and ck.writes_in_place(inputs, outs):
+                ck(inputs, outs)
+                return outs[0] if len(outs) == 1 else tuple(outs)
+            results = ck(inputs)
         else:
             results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)})
         values = [results[t.name] for t in self.checked.outputs]

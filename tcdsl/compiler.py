@@ -95,10 +95,25 @@ class CKernel:
         self.path = path
         self.unwritten_ok = {t.name for t in self.inst.checked.outputs if fully_written(self.inst, t.name)}
 
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
+        """Whether caller buffers can take the results directly: the kernel cannot fail half-way
+        (no run-time checks), the buffers are C-contiguous and aligned, and none overlaps an input."""
+        if self.low.source.errors:
+            return False
+        return all(o.flags.c_contiguous and o.flags.aligned and not any(np.may_share_memory(o, a)
+                                                                       for a in inputs.values())
+                   for o in outs)
+
+    def __call__(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on ``inputs``; results go to fresh arrays, or into ``outs`` (see ``writes_in_place``)."""
         c = self.inst.checked
         arrays = dict(inputs)
-        for t in c.outputs:
+        for k, t in enumerate(c.outputs):
+            if outs is not None:
+                arrays[t.name] = outs[k]
+                if t.name not in self.unwritten_ok:
+                    outs[k].fill(0)
+                continue
             alloc = np.empty if t.name in self.unwritten_ok else np.zeros
             arrays[t.name] = alloc(self.inst.shapes[t.name], dtype=t.dtype)
         buffers = dict(self.low.source.buffers)
