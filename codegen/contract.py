@@ -142,11 +142,20 @@ def _row_buffer(ir: LoopIR, scop: Scop, name: str, rank: int) -> tuple[int, tupl
     fixed = []
     for d in range(rank):
         first = accesses[0][1][d]
-        if first is None or not expr_vars(first) <= outer_vars or loop.var not in expr_vars(first):
+        if first is None or not expr_vars(first) <= outer_vars:
             continue
         if all(subs[d] == first for _, subs in accesses):
             fixed.append(d)
-    return (id(loop.body), tuple(fixed)) if fixed else None
+    # the buffer lives for one iteration of every enclosing common loop: each of them must move
+    # the slice, or a later iteration would find the buffer gone
+    used: set[str] = set()
+    for d in fixed:
+        e = accesses[0][1][d]
+        if e is not None:
+            used |= expr_vars(e)
+    if not fixed or not outer_vars <= used:
+        return None
+    return (id(loop.body), tuple(fixed))
 
 
 def _calls_with_path(body: tuple[LNode, ...], path: tuple[LFor, ...]) -> Iterator[tuple[tuple[LFor, ...], LCall]]:

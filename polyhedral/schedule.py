@@ -45,35 +45,61 @@ def _isl_options(ctx: isl.Context, values: dict[str, int]) -> Iterator[None]:
 
 
 def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
-    """isl's schedule for the scop under the options' fusion strategy (program order if the
-    scheduler gives up within its operation budget). The scheduler works on the model for every
-    size (its problems do not grow with the sizes, and a schedule legal for all sizes is legal
-    for these), then the tree is restricted to this scop's domain and checked."""
+    """isl's schedule for the scop under the options' fusion strategy. The scheduler works on the
+    model for every size (its problems do not grow with the sizes, and a schedule legal for all
+    sizes is legal for these), then the tree is restricted to this scop's domain and checked.
+    Where isl fused loops by offsetting a statement by a size (S2 at d + D), the call's sizes are
+    scheduled instead, within a small operation budget (isl can spin on some small sizes); past
+    it, the offset schedule is kept (it is legal, only less tidy)."""
     general = scop.general
-    if general is not None:
-        tree = compute(general, dependences(general), options)
-        if not _shifts_by_sizes(tree):
-            sched = tree.intersect_domain(scop.domain)
-            check_legal(sched, deps)
-            return sched
-        # isl fused loops by offsetting one statement by a size (S2 at d + D): schedule these sizes
+    if general is None:
+        sched = _isl_schedule(scop, deps, options, knobs.isl_max_operations())
+        if sched is None:  # out of budget: the program order
+            sched = isl.Schedule.from_domain(scop.domain).insert_partial_schedule(
+                isl.MultiUnionPwAff.from_union_map(scop.order))
+        check_legal(sched, deps)
+        return sched
+    tree = compute(general, dependences(general), options)
+    sched = None
+    if _shifts_by_sizes(tree) and _instances(scop) >= SIZED_MIN_INSTANCES:
+        sched = _isl_schedule(scop, deps, options, SIZED_BUDGET)
+    if sched is None:
+        sched = tree.intersect_domain(scop.domain)
+    check_legal(sched, deps)
+    return sched
+
+
+SIZED_BUDGET = 50000  # isl operations for scheduling one call's sizes (softmax 4096x1024 needs ~30000)
+# Below this many statement instances the kernel is quick whatever its schedule, and isl was seen to
+# spin (minutes, within the operation budget) on some tiny sizes (batchnorm 3x17x4x1): keep the
+# size-independent schedule there.
+SIZED_MIN_INSTANCES = 1 << 16
+
+
+def _instances(scop: Scop) -> int:
+    total = 0
+    for bs in scop.inst.stmts:
+        n = 1
+        for e in bs.shape:
+            n *= e
+        total += n
+    return total
+
+
+def _isl_schedule(scop: Scop, deps: Deps, options: MappingOptions, budget: int) -> isl.Schedule | None:
     ctx = scop.domain.get_ctx()
     sc = (isl.ScheduleConstraints.on_domain(scop.domain).set_context(scop.context)
           .set_validity(deps.validity).set_proximity(deps.all).set_coincidence(deps.all))
-    budget = knobs.isl_max_operations()
     try:
         with _isl_options(ctx, _STRATEGY[options.fusion or "preserve"]):
             ctx.set_max_operations(budget)
             ctx.reset_operations()
             try:
-                sched = sc.compute_schedule()
+                return sc.compute_schedule()
             finally:
                 ctx.set_max_operations(0)
     except isl.Error:
-        sched = isl.Schedule.from_domain(scop.domain).insert_partial_schedule(
-            isl.MultiUnionPwAff.from_union_map(scop.order))
-    check_legal(sched, deps)
-    return sched
+        return None
 
 
 def _shifts_by_sizes(sched: isl.Schedule) -> bool:
