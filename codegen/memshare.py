@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from tcdsl.checked import reads
-from tcdsl.polyhedral.loopir import LCall, LFor, LIf, LNode, LoopIR
+from tcdsl.polyhedral.loopir import LCall, LNode, LoopIR, walk
 from tcdsl.polyhedral.scop import Scop
 
 
@@ -59,13 +59,4 @@ def elements(shape: tuple[int, ...]) -> int:
 
 
 def _calls(node: LNode) -> list[LCall]:
-    if isinstance(node, LCall):
-        return [node]
-    out: list[LCall] = []
-    if isinstance(node, LFor):
-        for n in node.body:
-            out += _calls(n)
-    elif isinstance(node, LIf):
-        for n in (*node.then, *node.other):
-            out += _calls(n)
-    return out
+    return [n for n in walk((node,)) if isinstance(n, LCall)]

@@ -8,14 +8,12 @@ never raise (an exception there crashes isl), so errors are stashed and re-raise
 
 from __future__ import annotations
 
-from typing import Any
-
 import islpy as isl
 
 from tcdsl.errors import TcScheduleError
 from tcdsl.options import MappingOptions
 
-from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar
+from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, walk
 
 # members whose names end in "_" (they clash with Python keywords) are missing from islpy's stubs
 _AND, _OR = getattr(isl.ast_expr_op_type, "and_"), getattr(isl.ast_expr_op_type, "or_")  # noqa: B009
@@ -165,7 +163,7 @@ def _mark(nodes: list[LNode] | tuple[LNode, ...], options: MappingOptions, omp_a
     out: list[LNode] = []
     for n in nodes:
         if isinstance(n, LFor):
-            innermost = not any(isinstance(x, LFor) for x in _walk(n.body))
+            innermost = not any(isinstance(x, LFor) for x in walk(n.body))
             omp = omp_allowed and n.parallel and depth >= options.parallel_depth and not innermost_trivial(n)
             body = _mark(n.body, options, omp_allowed and not omp, depth + (1 if n.parallel else 0))
             simd = options.vectorize and n.parallel and innermost and not omp
@@ -185,13 +183,3 @@ def innermost_trivial(n: LFor) -> bool:
         hi = n.cond.args[1].value - (1 if n.cond.op == "<" else 0)
         return hi - n.init.value < n.step
     return False
-
-
-def _walk(nodes: tuple[LNode, ...]) -> Any:
-    for n in nodes:
-        yield n
-        if isinstance(n, LFor):
-            yield from _walk(n.body)
-        elif isinstance(n, LIf):
-            yield from _walk(n.then)
-            yield from _walk(n.other)

@@ -7,6 +7,7 @@ used in golden tests and by ``kernel.source``-style introspection.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -73,6 +74,17 @@ class LoopIR:
         for n in self.body:
             _print(n, 0, lines)
         return "\n".join(lines)
+
+
+def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
+    """Every node of a loop body, outermost first."""
+    for n in nodes:
+        yield n
+        if isinstance(n, LFor):
+            yield from walk(n.body)
+        elif isinstance(n, LIf):
+            yield from walk(n.then)
+            yield from walk(n.other)
 
 
 def expr_vars(e: LExpr) -> set[str]:

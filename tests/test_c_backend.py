@@ -29,7 +29,7 @@ from tcdsl.codegen import toolchain
 from tcdsl.options import FUSION, MappingOptions
 from tcdsl.polyhedral import schedule
 from tcdsl.polyhedral.deps import dependences
-from tcdsl.polyhedral.loopir import LFor, LIf, LNode
+from tcdsl.polyhedral.loopir import LFor, LIf, LNode, walk
 from tcdsl.polyhedral.scop import build_scop
 
 try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
@@ -88,16 +88,6 @@ def nested_omp(nodes: tuple[LNode, ...], inside: bool = False) -> bool:
         elif isinstance(n, LIf) and (nested_omp(n.then, inside) or nested_omp(n.other, inside)):
             return True
     return False
-
-
-def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
-    for n in nodes:
-        yield n
-        if isinstance(n, LFor):
-            yield from walk(n.body)
-        elif isinstance(n, LIf):
-            yield from walk(n.then)
-            yield from walk(n.other)
 
 
 # ---- 1. the corpus: C == numpy reference == interpreter ---------------------------------------------
