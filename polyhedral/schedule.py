@@ -8,15 +8,17 @@ invariant every transformation must keep.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import islpy as isl
 
 from tcdsl import knobs
-from tcdsl.errors import TcScheduleError
+from tcdsl.errors import TcScheduleError, TcWarning
 from tcdsl.options import MappingOptions
 
+from . import guard
 from .deps import Deps, dependences, respects, violated
 from .scop import Scop
 
@@ -87,18 +89,32 @@ def _instances(scop: Scop) -> int:
 
 
 def _isl_schedule(scop: Scop, deps: Deps, options: MappingOptions, budget: int) -> isl.Schedule | None:
+    """isl's schedule within ``budget`` operations and TCDSL_SCHEDULE_TIMEOUT seconds, or None."""
     ctx = scop.domain.get_ctx()
     sc = (isl.ScheduleConstraints.on_domain(scop.domain).set_context(scop.context)
           .set_validity(deps.validity).set_proximity(deps.all).set_coincidence(deps.all))
+
+    def search() -> isl.Schedule | None:
+        try:
+            with _isl_options(ctx, _STRATEGY[options.fusion or "preserve"]):
+                ctx.set_max_operations(budget)
+                ctx.reset_operations()
+                try:
+                    return sc.compute_schedule()
+                finally:
+                    ctx.set_max_operations(0)
+        except isl.Error:
+            return None
+
+    limit = knobs.schedule_timeout()
     try:
-        with _isl_options(ctx, _STRATEGY[options.fusion or "preserve"]):
-            ctx.set_max_operations(budget)
-            ctx.reset_operations()
-            try:
-                return sc.compute_schedule()
-            finally:
-                ctx.set_max_operations(0)
-    except isl.Error:
+        return guard.run(search, ctx, limit)
+    except TimeoutError:
+        name = scop.inst.checked.name
+        warnings.warn(TcWarning(f"isl's scheduler did not finish within {limit:g} s on def '{name}' "
+                                f"({', '.join(f'{k}={v}' for k, v in scop.inst.sizes.items()) or 'no sizes'}"
+                                f"{', every size' if scop.parametric else ''}); it runs in the program order. "
+                                "TCDSL_SCHEDULE_TIMEOUT sets the limit."), stacklevel=2)
         return None
 
 

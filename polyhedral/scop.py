@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcdsl.affine import Sym
+from tcdsl.affine import Atom, Sym, Var
 from tcdsl.checked import Statement
 from tcdsl.instance import Instance
 
@@ -69,27 +69,48 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
     general = _build(inst)
     if parametric:
         return general
-    fixed = isl.Set(_params(inst) + "{ : " + (" and ".join(f"p_{k} = {v}" for k, v in inst.sizes.items())
-                                              or "true") + " }")
+    qs = _bound_params(inst)
+    values = [f"p_{k} = {v}" for k, v in inst.sizes.items()]
+    values += [f"{q} = {Sym.of(a).eval(inst.sizes)}" for a, q in qs.items()]
+    fixed = isl.Set(_params(inst, qs) + "{ : " + (" and ".join(values) or "true") + " }")
     return Scop(inst, False, general.stmts, general.arrays, general.domain.intersect_params(fixed),
                 general.reads.intersect_params(fixed), general.writes.intersect_params(fixed),
                 general.order.intersect_params(fixed), fixed, general)
 
 
-def _params(inst: Instance) -> str:
-    return "[" + ", ".join(f"p_{s}" for s in inst.checked.sizes) + "] -> "
+def _params(inst: Instance, qs: dict[Atom, str]) -> str:
+    return "[" + ", ".join([f"p_{s}" for s in inst.checked.sizes] + list(qs.values())) + "] -> "
+
+
+def _bound_params(inst: Instance) -> dict[Atom, str]:
+    """A parameter ``q_<n>`` for each floor division, modulo, min or max of sizes alone in a range
+    bound (``(H - KH) / 2 + 1``). isl's scheduler can search for minutes over domains whose bounds
+    divide sizes; over these parameters, every bound is affine."""
+    atoms: dict[Atom, str] = {}
+    for s in inst.checked.stmts:
+        for r in s.ranges:
+            for b in (r.lo, r.hi):
+                for a in b.atoms():
+                    if not isinstance(a, Var) and not Sym.of(a).indices() and a not in atoms:
+                        atoms[a] = f"q_{len(atoms)}"
+    return atoms
 
 
 def _build(inst: Instance) -> Scop:
     c = inst.checked
     arrays = {t.name: f"t_{t.name}" for t in (*c.inputs, *c.outputs, *c.temps)}
     shapes = {t.name: t.dims for t in (*c.inputs, *c.outputs, *c.temps)}
-    params = _params(inst)
+    qs = _bound_params(inst)
+    params = _params(inst, qs)
 
     def sym(s: Sym, idx: dict[str, str]) -> str:
         env = {k: Sym.var(v, "index") for k, v in idx.items()}
         env.update({k: Sym.var(f"p_{k}", "size") for k in c.sizes})
         return s.subs(env).isl()
+
+    def bound(s: Sym, idx: dict[str, str]) -> str:
+        plain = Sym.make({(Var(qs[a], "size") if a in qs else a): k for a, k in s.terms}, s.const)
+        return sym(plain, idx)
 
     depth = max((len(s.ranges) for s in c.stmts), default=0)
     stmts: list[ScopStmt] = []
@@ -98,7 +119,7 @@ def _build(inst: Instance) -> Scop:
         idx = {name: f"i{k}" for k, name in enumerate(s.indices)}
         tup = ", ".join(idx[i] for i in s.indices)
         lhs_tup = ", ".join(idx[i] for i in s.lhs)
-        box = [f"{sym(r.lo, idx)} <= {idx[r.name]} < {sym(r.hi, idx)}" for r in s.ranges]
+        box = [f"{bound(r.lo, idx)} <= {idx[r.name]} < {bound(r.hi, idx)}" for r in s.ranges]
         target = arrays[s.tensor]
         if s.init:
             name = f"init{s.number}"
@@ -136,7 +157,9 @@ def _build(inst: Instance) -> Scop:
             cond = (" : " + " and ".join(extra)) if extra else ""
             reads.append(f"{name}[{tup}] -> {arrays[acc.tensor]}[{', '.join(outs)}]{cond}")
         order.append(f"{name}[{tup}] -> [{_pad([str(s.number), '1', *(idx[i] for i in s.indices)], depth)}]")
-    ctx_text = params + "{ : " + (" and ".join(f"p_{k} >= 1" for k in c.sizes) or "true") + " }"
+    size_env = {k: Sym.var(f"p_{k}", "size") for k in c.sizes}
+    defs = [f"p_{k} >= 1" for k in c.sizes] + [f"{q} = {Sym.of(a).subs(size_env).isl()}" for a, q in qs.items()]
+    ctx_text = params + "{ : " + (" and ".join(defs) or "true") + " }"
     context = isl.Set(ctx_text)
     domain = _union_set(params, domains).intersect_params(context)
     return Scop(inst, True, tuple(stmts), arrays, domain,

@@ -14,6 +14,7 @@ from .errors import (
                      TcSemanticError,
                      TcSyntaxError,
                      TcTypeError,
+                     TcWarning,
 )
 from .options import MappingOptions
 
@@ -21,4 +22,4 @@ __version__ = "0.1.0"
 
 __all__ = ["define", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
            "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
-           "TcCompileError", "__version__"]
+           "TcCompileError", "TcWarning", "__version__"]

@@ -92,6 +92,10 @@ class TcCompileError(TcError):
     """The generated code did not compile."""
 
 
+class TcWarning(UserWarning):
+    """Something the user should know that still gives correct results (a slower fallback)."""
+
+
 def locate(src: SourceFile, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Location:
     """A Location for a span of ``src`` (the caret covers the span on its first line)."""
     text = src.line(line)

@@ -22,6 +22,12 @@ def isl_max_operations() -> int:
     return int(os.environ.get("TCDSL_ISL_MAX_OPERATIONS", "2000000"))
 
 
+def schedule_timeout() -> float:
+    """TCDSL_SCHEDULE_TIMEOUT: seconds isl's scheduler may search before the kernel falls back to
+    the program order (default 10; 0 searches in this process without a limit)."""
+    return float(os.environ.get("TCDSL_SCHEDULE_TIMEOUT", "10"))
+
+
 def cache_dir() -> Path:
     """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``)."""
     if os.environ.get("TCDSL_CACHE_DIR"):

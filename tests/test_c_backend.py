@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import tcdsl as tc
 from tcdsl import TcCompileError, TcRuntimeError, TcScheduleError
 from tcdsl.codegen import toolchain
 from tcdsl.options import FUSION, MappingOptions
-from tcdsl.polyhedral import schedule
+from tcdsl.polyhedral import guard, schedule
 from tcdsl.polyhedral.deps import dependences
 from tcdsl.polyhedral.loopir import LFor, LIf, LNode, walk
 from tcdsl.polyhedral.scop import build_scop
@@ -366,6 +367,56 @@ def test_check_legal_accepts_the_computed_and_the_program_order_schedules(fusion
     # the computed schedule covers the whole domain
     assert sched.get_domain().is_equal(scop.domain)
 
+
+
+def test_schedule_search_in_a_child_gives_the_same_tree():
+    scop, deps = _matmul_scop()
+    in_process = schedule._isl_schedule(scop.general, dependences(scop.general), MappingOptions(fusion="preserve"),
+                                        100000)
+    via_child = guard.run(lambda: in_process, scop.domain.get_ctx(), 10.0)
+    assert via_child is not None and str(via_child) == str(in_process)
+    assert guard.run(lambda: None, scop.domain.get_ctx(), 10.0) is None
+
+
+def test_schedule_search_past_its_limit_is_stopped():
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        guard.run(lambda: time.sleep(30), isl.DEFAULT_CONTEXT, 0.5)  # type: ignore[func-returns-value]
+    assert time.perf_counter() - t0 < 5
+
+
+STRIDED_CHAIN = ("def f(float(N) A, float(M) B, float(P) C) -> (S) {\n"
+                 "  S +=! A(-2*i - 1) * B(k + 2*i - 2) * C(j + 2*k + 3)\n}")
+
+
+@pytest.mark.cpu
+def test_scheduler_past_the_timeout_falls_back_to_the_program_order(monkeypatch: pytest.MonkeyPatch, fresh_cache: Path):
+    """A scheduler search that runs too long (simulated: the search first sleeps) is stopped; the
+    kernel warns and still computes the right result."""
+    slow_run = guard.run
+    monkeypatch.setattr(schedule.guard, "run",
+                        lambda search, ctx, limit: slow_run(lambda: (time.sleep(30), search())[1], ctx, limit))
+    monkeypatch.setenv("TCDSL_SCHEDULE_TIMEOUT", "0.5")
+    k = tc.define(MATMUL)
+    A, B = f32((5, 7)), f32((7, 3), seed=1)
+    with pytest.warns(tc.TcWarning, match="did not finish within 0.5 s on def 'matmul'"):
+        got = k(A, B, backend="c")
+    np.testing.assert_allclose(got, A @ B, rtol=1e-5)
+
+
+@pytest.mark.cpu
+def test_reduction_over_mixed_strides_compiles_within_the_limit(monkeypatch: pytest.MonkeyPatch):
+    """isl's scheduler once searched for minutes on this def (max fusion, range bounds that divide
+    sizes): it now stops at the limit and the kernel still computes the right result."""
+    monkeypatch.setenv("TCDSL_SCHEDULE_TIMEOUT", "2")
+    k = tc.define(STRIDED_CHAIN)
+    A, B, C = f32((6,)), f32((5,), seed=1), f32((3,), seed=2)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TcWarning)
+        got = k(A, B, C, backend="c")
+    assert time.perf_counter() - t0 < 15
+    np.testing.assert_allclose(got, k(A, B, C, backend="numpy"), rtol=1e-5)
 
 # ---- 4. caches -------------------------------------------------------------------------------------
 
