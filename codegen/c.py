@@ -17,11 +17,11 @@ from tcdsl import dtypes as T
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, walk
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, memshare, regtile
+from . import contract, memshare, regtile, transpose
 from .writer import LineWriter
 
 CTYPE = {
@@ -143,9 +143,14 @@ class _Emitter:
 
     def run(self, ir: LoopIR) -> CSource:
         w = self.w
+        self.contracted = contract.contractible(ir, self.scop)
+        self.rows = contract.row_buffers(ir, self.scop, set(self.contracted))
+        self.in_memory = set(self.order) - set(self.contracted) - set(self.rows)
         w.raw(PRELUDE)
         if self.vector_math:
             w.raw(vector_math_decls())
+        if any(self._transpose_of(n) for n in walk(ir.body)):
+            w.raw(transpose.HELPER)
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "
@@ -157,8 +162,6 @@ class _Emitter:
             params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
         params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
-        self.contracted = contract.contractible(ir, self.scop)
-        self.rows = contract.row_buffers(ir, self.scop, set(self.contracted))
         owners = memshare.share(ir, self.scop, set(self.contracted) | set(self.rows))
         resets: dict[int, list[str]] = {}
         for name, owner in owners.items():
@@ -207,6 +210,10 @@ class _Emitter:
     def _node(self, n: LNode) -> None:
         w = self.w
         if isinstance(n, LFor):
+            tp = self._transpose_of(n)
+            if tp is not None:
+                self._transpose(tp)
+                return
             rt = regtile.match(n, self.scop, self.c)
             if rt is not None:
                 self._register_tile(rt)
@@ -242,6 +249,81 @@ class _Emitter:
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
+
+    def _transpose_of(self, n: LNode) -> transpose.Transpose | None:
+        if not (isinstance(n, LFor) and self.vectorize):
+            return None
+        return transpose.match(n, self.scop, self.c, self.strides, self.in_memory)
+
+    def _transpose(self, tp: transpose.Transpose) -> None:
+        """A copy nest moved in 8x8 blocks through registers, leftovers element by element (see
+        codegen.transpose)."""
+        w = self.w
+        B = transpose.BLOCK
+        p, q = tp.outer, tp.inner
+        if transpose.full_blocks(p) and transpose.full_blocks(q):
+            if p.omp:
+                w.line("#pragma omp parallel for schedule(static)")
+            for f in (p, q):
+                w.line(f"for (long {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; "
+                       f"{f.var} += {B}) {{")
+                w.push()
+            self._transpose_block(tp)
+            for _ in range(2):
+                w.pop()
+                w.line("}")
+            return
+        hi = {f.var: self._inclusive_bound(f) for f in (p, q)}
+        w.line("{")
+        with w.indent():
+            w.line(f"long {p.var} = {_top(self._lexpr(p.init))};")
+            w.line(f"for (; {p.var} + {B - 1} <= {hi[p.var]}; {p.var} += {B}) {{")
+            with w.indent():
+                w.line(f"long {q.var} = {_top(self._lexpr(q.init))};")
+                w.line(f"for (; {q.var} + {B - 1} <= {hi[q.var]}; {q.var} += {B}) {{")
+                with w.indent():
+                    self._transpose_block(tp)
+                w.line("}")
+                w.line(f"for (; {q.var} <= {hi[q.var]}; {q.var} += 1) {{  // leftover columns")
+                with w.indent():
+                    w.line(f"const long {p.var}_b = {p.var};")
+                    w.line(f"for (long {p.var} = {p.var}_b; {p.var} < {p.var}_b + {B}; {p.var} += 1) {{")
+                    with w.indent():
+                        self._call(tp.call)
+                    w.line("}")
+                w.line("}")
+            w.line("}")
+            w.line(f"for (; {p.var} <= {hi[p.var]}; {p.var} += 1) {{  // leftover rows")
+            with w.indent():
+                w.line(f"for (long {q.var} = {_top(self._lexpr(q.init))}; {q.var} <= {hi[q.var]}; {q.var} += 1) {{")
+                with w.indent():
+                    self._call(tp.call)
+                w.line("}")
+            w.line("}")
+        w.line("}")
+
+    def _inclusive_bound(self, f: LFor) -> str:
+        assert isinstance(f.cond, LOp)
+        bound = _top(self._lexpr(f.cond.args[1]))
+        return f"({bound})" if f.cond.op == "<=" else f"({bound} - 1)"
+
+    def _transpose_block(self, tp: transpose.Transpose) -> None:
+        w = self.w
+        st = self.scop.stmt(tp.call.stmt)
+        s = self.c.stmts[st.number - 1]
+        src = s.rhs
+        assert isinstance(src, Read)
+        w.line(f"{{  // statement {s.number} (line {s.span.line}): {print_stmt(s.source)}, in "
+               f"{transpose.BLOCK}x{transpose.BLOCK} blocks")
+        with w.indent():
+            env: dict[str, str] = {}
+            for k, (name, arg) in enumerate(zip(st.indices, tp.call.args)):
+                w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
+                env[name] = f"x{k}"
+            target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
+            source = self._access(src.tensor, tuple(x for x in src.subs if isinstance(x, Sym)), env)
+            w.line(f"tc_transpose8(&{source}, {tp.source_stride}L, &{target}, {tp.target_stride}L);")
+        w.line("}")
 
     def _register_tile(self, rt: regtile.RegisterTile) -> None:
         """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile)."""

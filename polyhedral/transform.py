@@ -163,7 +163,10 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     def default_tile(i: int) -> int:
         if i in red and row is None and contig is None:
             return 0  # reductions innermost: one accumulator over the whole range
-        size = 256 if i == contig else 64 if i in rows else 128 if i in red else DEFAULT_TILE
+        # a member along which another access is contiguous (a transpose) gets a square tile:
+        # each source row is then read once per tile, whole cache lines at a time
+        crossing = not red and infos[i].contiguous > 0
+        size = 256 if i == contig or crossing else 64 if i in rows else 128 if i in red else DEFAULT_TILE
         return size if infos[i].extent > size else 0
 
     def default_register(i: int) -> int:

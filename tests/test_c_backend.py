@@ -899,3 +899,32 @@ def test_row_reduction_parallel_over_rows_only():
     assert all(not (x.parallel or x.omp or x.simd) for x in loops if x.note)
     assert any(x.note for x in loops)  # the reduction loop over j
     np.testing.assert_allclose(k(A, backend="c"), A.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+# ---- blocked transposes ------------------------------------------------------------------------------
+
+TRANSPOSE = "def tr(float(M,N) A) -> (O) { O(j,i) = A(i,j) }"
+PERMUTE = "def nhwc(int32(N,C,H,W) I) -> (O) { O(n,h,w,c) = I(n,c,h,w) }"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("shape", [(512, 768), (520, 264), (37, 50), (8, 8), (1000, 8), (3, 70), (9, 17)])
+@pytest.mark.parametrize("tile", [None, (64, 64), (16, 8)])
+def test_transpose_in_blocks_matches_numpy(shape: tuple[int, int], tile: tuple[int, int] | None):
+    k = tc.define(TRANSPOSE)
+    A = f32(shape)
+    opts = MappingOptions(tile=tile)
+    np.testing.assert_array_equal(k(A, backend="c", options=opts), A.T)
+    np.testing.assert_array_equal(k(A[:, ::-1], backend="c", options=opts), A[:, ::-1].T)  # a strided view
+    src = k.source(A, options=opts)
+    if shape in ((512, 768), (520, 264), (1000, 8)) or tile == (16, 8):  # tiled: blocks, with leftovers
+        assert "tc_transpose8(&" in src, src
+
+
+@pytest.mark.cpu
+def test_layout_permutation_in_blocks_matches_numpy():
+    k = tc.define(PERMUTE)
+    I = rng(0).integers(-2**31, 2**31 - 1, (2, 24, 5, 16), dtype=np.int32)
+    got = k(I, backend="c")
+    np.testing.assert_array_equal(got, I.transpose(0, 2, 3, 1))
+    assert "tc_transpose8(&" in k.source(I)
