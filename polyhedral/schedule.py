@@ -64,7 +64,7 @@ def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
     tree = compute(general, dependences(general), options)
     sched = None
     if _shifts_by_sizes(tree) and _instances(scop) >= SIZED_MIN_INSTANCES:
-        sched = _isl_schedule(scop, deps, options, SIZED_BUDGET)
+        sched = _isl_schedule(scop, deps, options, SIZED_BUDGET, SIZED_LIMIT_S)
     if sched is None:
         sched = tree.intersect_domain(scop.domain)
     check_legal(sched, deps)
@@ -72,6 +72,7 @@ def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
 
 
 SIZED_BUDGET = 50000  # isl operations for scheduling one call's sizes (softmax 4096x1024 needs ~30000)
+SIZED_LIMIT_S = 2.0  # and seconds (within the budget, isl spent minutes on mlp2 128x1024x1024x512 under max fusion)
 # Below this many statement instances the kernel is quick whatever its schedule, and isl was seen to
 # spin (minutes, within the operation budget) on some tiny sizes (batchnorm 3x17x4x1): keep the
 # size-independent schedule there.
@@ -88,8 +89,11 @@ def _instances(scop: Scop) -> int:
     return total
 
 
-def _isl_schedule(scop: Scop, deps: Deps, options: MappingOptions, budget: int) -> isl.Schedule | None:
-    """isl's schedule within ``budget`` operations and TCDSL_SCHEDULE_TIMEOUT seconds, or None."""
+def _isl_schedule(scop: Scop, deps: Deps, options: MappingOptions, budget: int,
+                  optional_within_s: float | None = None) -> isl.Schedule | None:
+    """isl's schedule within ``budget`` operations and TCDSL_SCHEDULE_TIMEOUT seconds, or None
+    (with a warning: the kernel falls back to the program order). An optional search (the caller
+    has a schedule already) stops silently after ``optional_within_s`` seconds."""
     ctx = scop.domain.get_ctx()
     sc = (isl.ScheduleConstraints.on_domain(scop.domain).set_context(scop.context)
           .set_validity(deps.validity).set_proximity(deps.all).set_coincidence(deps.all))
@@ -107,9 +111,13 @@ def _isl_schedule(scop: Scop, deps: Deps, options: MappingOptions, budget: int) 
             return None
 
     limit = knobs.schedule_timeout()
+    if optional_within_s is not None:
+        limit = min(limit, optional_within_s) if limit > 0 else optional_within_s
     try:
         return guard.run(search, ctx, limit)
     except TimeoutError:
+        if optional_within_s is not None:
+            return None
         name = scop.inst.checked.name
         warnings.warn(TcWarning(f"isl's scheduler did not finish within {limit:g} s on def '{name}' "
                                 f"({', '.join(f'{k}={v}' for k, v in scop.inst.sizes.items()) or 'no sizes'}"

@@ -859,6 +859,24 @@ def test_matmul_outer_loop_is_omp_parallel_and_inner_loop_simd():
     np.testing.assert_allclose(k(A, B, backend="c"), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
 
 
+FC_EPILOGUE = """def fc(float(B,M) I, float(M,N) W1, float(N) B1) -> (O) {
+    O(b,n) +=! I(b,r_m) * W1(r_m,n)
+    O(b,n) = fmax(O(b,n) + B1(n), 0.0)
+}"""
+
+
+@pytest.mark.cpu
+def test_contraction_with_an_epilogue_keeps_its_register_tile():
+    """By default the bias + relu does not enter the contraction's loops: fused there, it forced
+    the reduction innermost (a dot product down each column of W1)."""
+    k = tc.define(FC_EPILOGUE)
+    I, W, b = f32((64, 96)), f32((96, 128), 1), f32((128,), 2)
+    src = k.source(I, W, b)
+    assert "register tile of O" in src, src
+    want = np.maximum(I.astype(np.float64) @ W + b, 0)
+    np.testing.assert_allclose(k(I, W, b, backend="c"), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.cpu
 def test_openmp_off_emits_no_parallel_region():
     k = tc.define(MATMUL)

@@ -10,7 +10,9 @@ in bounds, and (for the classic cases) checked to be maximal for its last-solved
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -329,7 +331,20 @@ def check_generated(src: str, order: list[str], reads: list[Read], shapes: dict[
     for env in box_points(box, order):
         assert in_bounds(reads, shapes, {**sizes, **env}), env
     want = reference([], order, box, reads, arrays, sizes) if not empty else np.float32(0)
-    np.testing.assert_array_equal(k(*arrays.values()), want)
+    # The compiled kernel must agree too. A few of these generated reductions make isl's scheduler
+    # search for minutes: past a short limit they run in the program order (with a TcWarning).
+    saved = os.environ.get("TCDSL_SCHEDULE_TIMEOUT")
+    os.environ["TCDSL_SCHEDULE_TIMEOUT"] = "1"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tc.TcWarning)
+            got = k(*arrays.values())
+    finally:
+        if saved is None:
+            del os.environ["TCDSL_SCHEDULE_TIMEOUT"]
+        else:
+            os.environ["TCDSL_SCHEDULE_TIMEOUT"] = saved
+    np.testing.assert_array_equal(got, want)
 
 
 @settings(max_examples=120, deadline=None)
