@@ -70,32 +70,6 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
-/* expf without a call, so that `omp simd` loops vectorise it inline: 2^k * p(r) with
-   k = round(x / ln 2), r = x - k ln 2 (two-part ln 2), p Cephes' degree-7 polynomial for
-   |r| <= ln(2)/2; 2^k built in two halves so that subnormal results come out right. */
-static inline float tc_expf(float x) {
-  const float big = 88.72283935546875f, small = -103.97208404541016f;
-  float xc = x > big ? big : (x < small ? small : x);
-  float kf = (xc * 1.44269502162933349609f + 12582912.0f) - 12582912.0f;
-  kf = kf == kf ? kf : 0.0f;
-  float r = xc - kf * 0.693359375f;
-  r = r - kf * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  int32_t k = (int32_t)kf;
-  int32_t k1 = k / 2, k2 = k - k1;
-  union { uint32_t u; float f; } s1, s2;
-  s1.u = (uint32_t)(k1 + 127) << 23;
-  s2.u = (uint32_t)(k2 + 127) << 23;
-  float y = (p * s1.f) * s2.f;
-  y = x > big ? INFINITY : (x < small ? 0.0f : y);
-  return x != x ? x : y;
-}
 """
 
 
@@ -674,9 +648,6 @@ class _Emitter:
         fn, t = e.fn, e.dtype
         suffix = "f" if t in ("float32", "float16") else ""
         one = _literal(1.0, CTYPE[t]) if T.is_float(t) else "1"
-        exp = "tc_expf" if suffix else "exp"  # float32 exp inline (see tc_expf in the prelude)
-        if fn == "exp":
-            return f"{exp}({a[0]})" if t != "float16" else f"((_Float16){exp}({a[0]}))"
         if fn in ("min", "max"):
             return f"tc_{fn}({a[0]}, {a[1]})"
         if fn == "abs":
@@ -684,7 +655,7 @@ class _Emitter:
         if fn == "rsqrt":
             return f"({one} / sqrt{suffix}({a[0]}))"
         if fn == "sigmoid":
-            return f"({one} / ({one} + {exp}(-{a[0]})))"
+            return f"({one} / ({one} + exp{suffix}(-{a[0]})))"
         name = {"fabs": "fabs", "pow": "pow", "fmax": "fmax", "fmin": "fmin", "atan2": "atan2", "fmod": "fmod",
                 "fma": "fma"}.get(fn, fn)
         call = f"{name}{suffix}({', '.join(a)})"

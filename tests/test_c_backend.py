@@ -948,12 +948,13 @@ def test_layout_permutation_in_blocks_matches_numpy():
     assert "tc_transpose8(&" in k.source(I)
 
 
-# ---- inline exp ----------------------------------------------------------------------------------------
+# ---- vector exp ----------------------------------------------------------------------------------------
 
 @pytest.mark.cpu
-def test_float32_exp_within_one_ulp_and_special_values():
-    """float32 exp runs inline (vectorisable, no libm call): within 1 ulp of the correctly rounded
-    result over the whole range, subnormal results included; inf, -inf, nan and overflow exact."""
+def test_float32_exp_within_three_ulp_and_special_values():
+    """float32 exp (glibc's vector exp inside `omp simd` loops, measured at up to 2.6 ulp): within
+    3 ulp of the correctly rounded result over the whole range, subnormal results included; inf,
+    -inf, nan, overflow and underflow exact."""
     k = tc.define("def e(float(N) A) -> (O) { O(i) = exp(A(i)) }")
     x = np.concatenate([np.linspace(-110, 90, 2_000_003, dtype=np.float32),
                         rng(0).uniform(-1, 1, 100_000).astype(np.float32),
@@ -965,7 +966,7 @@ def test_float32_exp_within_one_ulp_and_special_values():
     finite = np.isfinite(want) & (want > 0)
     ulp = np.spacing(want[finite]).astype(np.float64)
     err = np.abs(got[finite].astype(np.float64) - want64[finite]) / ulp
-    assert err.max() <= 1.0, (err.max(), x[finite][err.argmax()])
+    assert err.max() <= 3.0, (err.max(), x[finite][err.argmax()])
     np.testing.assert_array_equal(got[~finite], want[~finite])  # overflow to inf, underflow to 0
     special = np.float32([np.inf, -np.inf, np.nan, 100.0, -200.0])
     out = k(special, backend="c")
