@@ -5,7 +5,7 @@ clock: on some domains (reductions whose subscripts mix strides of 2 and 3 acros
 ten thousand operations take milliseconds and a hundred thousand take ten seconds. So the search
 runs in a child process that shares nothing back but the schedule's text; past the limit
 (TCDSL_SCHEDULE_TIMEOUT) the child is killed and the caller falls back to the program order.
-Where ``fork`` is unavailable, the search runs in this process.
+Where ``fork`` is unavailable or fails, the search runs in this process.
 """
 
 from __future__ import annotations
@@ -28,9 +28,14 @@ def run(search: Callable[[], isl.Schedule | None], ctx: isl.Context, limit_s: fl
     if not hasattr(os, "fork") or limit_s <= 0:
         return search()
     r, w = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process: the child runs isl only
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process: the child runs isl only
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # no memory or processes left for a child: search here, without the clock
+        os.close(r)
+        os.close(w)
+        return search()
     if pid == 0:  # the child: search, write the text, leave without running any cleanup
         code = 0
         try:

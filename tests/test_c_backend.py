@@ -971,3 +971,14 @@ def test_float32_exp_within_three_ulp_and_special_values():
     special = np.float32([np.inf, -np.inf, np.nan, 100.0, -200.0])
     out = k(special, backend="c")
     assert out[0] == np.inf and out[1] == 0.0 and np.isnan(out[2]) and out[3] == np.inf and out[4] == 0.0
+
+
+def test_schedule_search_runs_here_when_fork_fails(monkeypatch: pytest.MonkeyPatch):
+    def no_fork() -> int:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(guard.os, "fork", no_fork)
+    scop, deps = _matmul_scop()
+    sched = schedule.compute(scop, deps, MappingOptions())
+    assert schedule.check_legal(sched, deps) is None and sched.get_domain().is_equal(scop.domain)
+    assert guard.run(lambda: None, scop.domain.get_ctx(), 10.0) is None
