@@ -112,6 +112,9 @@ class CSource:
         return self.text
 
 
+COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
+
+
 def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel",
          vectorize: bool = True, vector_math: bool = False, unroll: int = 0) -> CSource:
     """C source for ``ir``; ``strides`` gives each tensor's element strides; ``vector_math``
@@ -224,7 +227,8 @@ class _Emitter:
             hoisted = self._hoist(n) if n.simd else {}
             self.hoisted.update(hoisted)
             if n.omp:
-                w.line("#pragma omp parallel for schedule(static)")
+                collapse = " collapse(2)" if self._collapsible(n) else ""
+                w.line(f"#pragma omp parallel for schedule(static){collapse}")
             elif n.simd:
                 w.line("#pragma omp simd")
             trips = regtile.trip_bound(n)
@@ -249,6 +253,25 @@ class _Emitter:
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
+
+    def _collapsible(self, n: LFor) -> bool:
+        """Whether the parallel loop ``n`` shares its threads with the parallel loop inside it: ``n``
+        has few iterations (three 48-row tiles of a 128-row product left one of two threads idle a
+        third of the time), and the nest is perfect and rectangular, as `collapse(2)` requires."""
+        c = n.cond
+        if not (isinstance(n.init, LInt) and isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(n.var)
+                and isinstance(c.args[1], LInt) and n.step > 0):
+            return False
+        trips = (c.args[1].value - (0 if c.op == "<=" else 1) - n.init.value) // n.step + 1
+        if trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
+            return False
+        m = n.body[0]
+        return (m.parallel and not m.simd and not m.omp and m.step > 0
+                and n.var not in expr_vars(m.init) | expr_vars(m.cond)
+                and any(isinstance(b, LFor) for b in m.body)  # no unroll pragma on m
+                and self._transpose_of(m) is None
+                and not any(where == id(n.body) for where in self.contracted.values())
+                and not any(where == id(n.body) for where, _ in self.rows.values()))
 
     def _transpose_of(self, n: LNode) -> transpose.Transpose | None:
         if not (isinstance(n, LFor) and self.vectorize):

@@ -982,3 +982,16 @@ def test_schedule_search_runs_here_when_fork_fails(monkeypatch: pytest.MonkeyPat
     sched = schedule.compute(scop, deps, MappingOptions())
     assert schedule.check_legal(sched, deps) is None and sched.get_domain().is_equal(scop.domain)
     assert guard.run(lambda: None, scop.domain.get_ctx(), 10.0) is None
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("b, m, n", [(128, 96, 1024), (100, 33, 1000), (7, 5, 300)])
+def test_few_parallel_tiles_share_threads_with_the_next_loop(b: int, m: int, n: int):
+    """An `omp parallel for` over a handful of row tiles (128 rows in 48-row tiles: three for two
+    threads) collapses with the column-tile loop inside it; tile edges stay exact."""
+    k = tc.define(FC_EPILOGUE)
+    I, W, bias = f32((b, m)), f32((m, n), 1), f32((n,), 2)
+    if b == 128:
+        assert "collapse(2)" in k.source(I, W, bias)
+    want = np.maximum(I.astype(np.float64) @ W + bias, 0)
+    np.testing.assert_allclose(k(I, W, bias, backend="c"), want, rtol=1e-5, atol=1e-5)
