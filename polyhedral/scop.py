@@ -5,7 +5,8 @@ forms, an initialisation ``init<n>`` over its left-hand side. Domains hold the i
 the padding-by-domain guards; reads and writes are isl maps to the tensors (gathered dims are
 over-approximated by the whole dim); ``order`` is the textual program order. Sizes are fixed to
 the instance's values (the default) or kept as isl parameters (``parametric=True``).
-Every isl name is generated here (``t_<tensor>``, ``S<n>``), so TC names never reach isl's parser.
+Every isl name is generated here (``t_<tensor>``, ``S<n>``, ``p_<size>``, and ``q_<n>`` for a floor
+division, modulo, min or max of sizes in a range bound), so TC names never reach isl's parser.
 """
 
 from __future__ import annotations
