@@ -108,7 +108,7 @@ class Kernel:
     def _compiled_for(self, inst: Instance, arrays: list[np.ndarray], options: MappingOptions) -> CKernel:
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         strides = strides_of(inst, inputs)
-        key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options.key())
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options)
         ck = self._compiled.get(key)
         if ck is None:
             ck = CKernel(lower(inst, options, strides))

@@ -120,7 +120,8 @@ class CKernel:
         for t in c.temps:  # owners get a zeroed buffer for their group; the others are never touched
             arrays[t.name] = np.zeros(buffers.get(t.name, 0), dtype=t.dtype)
         err = np.zeros(2, dtype=np.int64)
-        code = self.fn(*(arrays[n].ctypes.data for n in self.low.source.params), err.ctypes.data)
+        code = self.fn(*(arrays[n].__array_interface__["data"][0] for n in self.low.source.params),
+                       err.__array_interface__["data"][0])
         if code:
             raise self._error(int(err[0]), int(err[1]))
         return {t.name: arrays[t.name] for t in c.outputs}

@@ -5,6 +5,8 @@ Used by semantic analysis (typing every expression) and by every backend (storag
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # TC spelling -> canonical name; the canonical name is also the numpy dtype name.
@@ -31,6 +33,7 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(canonical(name))
 
 
+@functools.lru_cache(maxsize=256)
 def from_numpy(dt: np.dtype) -> str | None:
     """The canonical TC type of a numpy dtype (any byte order), or None if TC has no such type."""
     name = np.dtype(dt).newbyteorder("=").name
