@@ -177,9 +177,12 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # vectors (a conv output row) that the register tile takes whole: 2 x 4 rows x 2 vectors or
     # 6 x 1 rows x 3-4 vectors. Split into 13- or 14-lane pieces under 4 x 4 rows instead, the rows
     # ran 1.3x (group conv 26 wide) and 1.5x (conv2d 56 wide) slower.
-    whole_contig = (len(rows) == 2 and contig is not None and VECTOR < infos[contig].extent <= 4 * VECTOR)
-    vectors = -(-infos[contig].extent // VECTOR) if whole_contig and contig is not None else 1
-    row_split = {min(rows): 2, max(rows): 4} if vectors == 2 else {min(rows): 6, max(rows): 1} if rows else {}
+    whole_contig = len(rows) == 2 and contig is not None and VECTOR < infos[contig].extent <= 4 * VECTOR
+    row_split: dict[int, int] = {}
+    if whole_contig and contig is not None:
+        first, second = sorted(rows)
+        two_vectors = infos[contig].extent <= 2 * VECTOR
+        row_split = {first: 2, second: 4} if two_vectors else {first: 6, second: 1}
 
     def default_register(i: int) -> int:
         if not red:
