@@ -19,7 +19,7 @@ import numpy as np
 
 from . import ast as A
 from . import dtypes as T
-from . import interp, knobs
+from . import interp, knobs, layout
 from .checked import CheckedDef
 from .compiler import CKernel, Lowered, lower, strides_of
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
@@ -69,6 +69,7 @@ class Kernel:
         self.backend = _check_backend(backend) if backend else None
         self.options = options or MappingOptions()
         self._cache: dict[tuple, Instance] = {}
+        self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
@@ -105,7 +106,26 @@ class Kernel:
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
         return self._compiled_for(self._instance(arrays), arrays, options or self.options)
 
+    @functools.cached_property
+    def _layout(self) -> CheckedDef | None:
+        return layout.rewrite(self.checked)
+
+    def _for_c(self, inst: Instance, options: MappingOptions) -> Instance:
+        """The instance the C backend compiles: the def with its contractions' operands laid out
+        (tcdsl.layout) unless the options fix tiles or loop orders for the def as written."""
+        if self._layout is None or options.tile is not None or options.register_tile is not None \
+                or options.point_order is not None:
+            return inst
+        key = tuple(sorted(inst.sizes.items()))
+        laid = self._laid_out.get(key)
+        if laid is None:
+            laid = instantiate(self._layout, inst.sizes)
+            with self._lock:
+                self._laid_out[key] = laid
+        return laid
+
     def _compiled_for(self, inst: Instance, arrays: list[np.ndarray], options: MappingOptions) -> CKernel:
+        inst = self._for_c(inst, options)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         strides = strides_of(inst, inputs)
         key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options)
@@ -120,9 +140,10 @@ class Kernel:
     def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
         """Every compiler stage for these arguments (no C compiler needed)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        inst = self._instance(arrays)
+        opts = options or self.options
+        inst = self._for_c(self._instance(arrays), opts)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
-        return lower(inst, options or self.options, strides_of(inst, inputs))
+        return lower(inst, opts, strides_of(inst, inputs))
 
     def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
         """The generated code for these arguments' shapes, dtypes and strides."""
