@@ -93,7 +93,8 @@ class CKernel:
         fn.argtypes = [ctypes.c_void_p] * (len(low.source.params) + 1)
         self.fn = fn
         self.path = path
-        self.unwritten_ok = {t.name for t in self.inst.checked.outputs if fully_written(self.inst, t.name)}
+        self.unwritten_ok = {t.name for t in (*self.inst.checked.outputs, *self.inst.checked.temps)
+                             if fully_written(self.inst, t.name)}  # every element written: no zeroing
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
@@ -117,8 +118,9 @@ class CKernel:
             alloc = np.empty if t.name in self.unwritten_ok else np.zeros
             arrays[t.name] = alloc(self.inst.shapes[t.name], dtype=t.dtype)
         buffers = dict(self.low.source.buffers)
-        for t in c.temps:  # owners get a zeroed buffer for their group; the others are never touched
-            arrays[t.name] = np.zeros(buffers.get(t.name, 0), dtype=t.dtype)
+        for t in c.temps:  # owners get a buffer for their group (the kernel zeroes what sharers need)
+            alloc = np.empty if t.name in self.unwritten_ok else np.zeros
+            arrays[t.name] = alloc(buffers.get(t.name, 0), dtype=t.dtype)
         err = np.zeros(2, dtype=np.int64)
         code = self.fn(*(arrays[n].__array_interface__["data"][0] for n in self.low.source.params),
                        err.__array_interface__["data"][0])
