@@ -70,6 +70,36 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
+
+/* float32 exp: on AVX-512, a 16-lane version the `omp simd` loops call (2^k * p(r) with k rounded
+   from x / ln 2, a two-part ln 2, Cephes' polynomial and vscalefps for 2^k, subnormals included);
+   elsewhere, and for single values, libm's expf. */
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#pragma omp declare simd notinbranch simdlen(16)
+float tc_expf(float);
+__attribute__((visibility("hidden"))) float tc_expf_one(float x) __asm__("tc_expf");
+__attribute__((visibility("hidden"))) float tc_expf_one(float x) { return expf(x); }
+__attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) {
+  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  __m512 y = _mm512_scalef_ps(p, k);
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
+}
+#define TC_EXPF tc_expf
+#else
+#define TC_EXPF expf
+#endif
 """
 
 
@@ -671,6 +701,8 @@ class _Emitter:
         fn, t = e.fn, e.dtype
         suffix = "f" if t in ("float32", "float16") else ""
         one = _literal(1.0, CTYPE[t]) if T.is_float(t) else "1"
+        if fn == "exp" and t == "float32":
+            return f"TC_EXPF({a[0]})"
         if fn in ("min", "max"):
             return f"tc_{fn}({a[0]}, {a[1]})"
         if fn == "abs":
@@ -678,7 +710,8 @@ class _Emitter:
         if fn == "rsqrt":
             return f"({one} / sqrt{suffix}({a[0]}))"
         if fn == "sigmoid":
-            return f"({one} / ({one} + exp{suffix}(-{a[0]})))"
+            exp = "TC_EXPF" if t == "float32" else f"exp{suffix}"
+            return f"({one} / ({one} + {exp}(-{a[0]})))"
         name = {"fabs": "fabs", "pow": "pow", "fmax": "fmax", "fmin": "fmin", "atan2": "atan2", "fmod": "fmod",
                 "fma": "fma"}.get(fn, fn)
         call = f"{name}{suffix}({', '.join(a)})"
