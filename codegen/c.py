@@ -9,6 +9,7 @@ division are checked and report an error code instead of touching memory out of 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +72,9 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   return d;
 }
 
-/* float32 exp: on AVX-512, a 16-lane version the `omp simd` loops call (2^k * p(r) with k rounded
+"""
+
+VECTOR_EXP = r"""/* float32 exp: on AVX-512, a 16-lane version the `omp simd` loops call (2^k * p(r) with k rounded
    from x / ln 2, a two-part ln 2, Cephes' polynomial and vscalefps for 2^k, subnormals included);
    elsewhere, and for single values, libm's expf. */
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
@@ -101,6 +104,7 @@ __attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) {
 #define TC_EXPF expf
 #endif
 """
+
 
 
 # glibc's libmvec has SIMD versions of these (glibc >= 2.35): declaring them lets `omp simd` loops
@@ -182,6 +186,8 @@ class _Emitter:
         w.raw(PRELUDE)
         if self.vector_math:
             w.raw(vector_math_decls())
+        uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
+        w.raw(VECTOR_EXP if self.vectorize and uses_exp else "#define TC_EXPF expf\n")
         if any(self._transpose_of(n) for n in walk(ir.body)):
             w.raw(transpose.HELPER)
         for name in self.order:
