@@ -18,7 +18,7 @@ from tcdsl import dtypes as T
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, walk
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, trip_count, walk
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
@@ -188,7 +188,9 @@ class _Emitter:
             w.raw(vector_math_decls())
         uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
         w.raw(VECTOR_EXP if self.vectorize and uses_exp else "#define TC_EXPF expf\n")
-        if any(self._transpose_of(n) for n in walk(ir.body)):
+        self.transposes = {id(n): tp for n in walk(ir.body) if isinstance(n, LFor) and self.vectorize
+                           and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
+        if self.transposes:
             w.raw(transpose.HELPER)
         for name in self.order:
             t = self.tensors[name]
@@ -294,12 +296,8 @@ class _Emitter:
         """Whether the parallel loop ``n`` shares its threads with the parallel loop inside it: ``n``
         has few iterations (three 48-row tiles of a 128-row product left one of two threads idle a
         third of the time), and the nest is perfect and rectangular, as `collapse(2)` requires."""
-        c = n.cond
-        if not (isinstance(n.init, LInt) and isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(n.var)
-                and isinstance(c.args[1], LInt) and n.step > 0):
-            return False
-        trips = (c.args[1].value - (0 if c.op == "<=" else 1) - n.init.value) // n.step + 1
-        if trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
+        trips = trip_count(n)
+        if trips is None or trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
             return False
         m = n.body[0]
         return (m.parallel and not m.simd and not m.omp and m.step > 0
@@ -310,9 +308,7 @@ class _Emitter:
                 and not any(where == id(n.body) for where, _ in self.rows.values()))
 
     def _transpose_of(self, n: LNode) -> transpose.Transpose | None:
-        if not (isinstance(n, LFor) and self.vectorize):
-            return None
-        return transpose.match(n, self.scop, self.c, self.strides, self.in_memory)
+        return self.transposes.get(id(n))
 
     def _transpose(self, tp: transpose.Transpose) -> None:
         """A copy nest moved in 8x8 blocks through registers, leftovers element by element (see

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tcdsl.affine import Sym, Var
 from tcdsl.checked import CheckedDef, Read
 from tcdsl.dtypes import bits
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 from tcdsl.polyhedral.scop import Scop
 
 BLOCK = 8
@@ -114,11 +114,8 @@ def _rectangular(f: LFor, outer: LFor | None) -> bool:
 
 def full_blocks(f: LFor) -> bool:
     """Constant bounds and a trip count that is a multiple of the block: no leftover to copy."""
-    c = f.cond
-    if not (isinstance(f.init, LInt) and isinstance(c, LOp) and isinstance(c.args[1], LInt)):
-        return False
-    trips = c.args[1].value - f.init.value + (1 if c.op == "<=" else 0)
-    return trips > 0 and trips % BLOCK == 0
+    trips = trip_count(f) if f.step == 1 else None
+    return trips is not None and trips > 0 and trips % BLOCK == 0
 
 
 def _stride(subs: tuple[Sym, ...], strides: tuple[int, ...], args: dict[str, LExpr], var: str) -> int | None:

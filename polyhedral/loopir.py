@@ -87,6 +87,17 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
             yield from walk(n.other)
 
 
+def trip_count(f: LFor) -> int | None:
+    """The exact number of iterations of ``for (v = c0; v <= c1 (or < c1); v += step)`` with
+    constant ``c0`` and ``c1``; None for any other loop."""
+    c = f.cond
+    if not (isinstance(f.init, LInt) and isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)
+            and isinstance(c.args[1], LInt) and f.step > 0):
+        return None
+    last = c.args[1].value - (0 if c.op == "<=" else 1)
+    return max((last - f.init.value) // f.step + 1, 0)
+
+
 def expr_vars(e: LExpr) -> set[str]:
     """The loop variables an expression reads."""
     if isinstance(e, LVar):

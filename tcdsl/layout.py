@@ -17,7 +17,7 @@ two extra passes over ``A`` and ``T``. Only statements with plain index subscrip
 from __future__ import annotations
 
 from . import ast as A
-from .affine import Sym
+from .affine import Sym, Var
 from .checked import Binop, CheckedDef, Read, Statement
 from .grammar import parse
 from .printer import definition, stmt
@@ -74,8 +74,8 @@ def _index(sub: object) -> str | None:
     """The index name of a subscript that is exactly one index, else None."""
     if isinstance(sub, Sym) and len(sub.terms) == 1 and sub.const == 0:
         (atom, k), = sub.terms
-        if k == 1 and Sym.of(atom).indices() == {str(atom)}:
-            return str(atom)
+        if k == 1 and isinstance(atom, Var) and atom.kind == "index":
+            return atom.name
     return None
 
 
