@@ -311,73 +311,48 @@ class _Emitter:
         return self.transposes.get(id(n))
 
     def _transpose(self, tp: transpose.Transpose) -> None:
-        """A copy nest moved in 8x8 blocks through registers, leftovers element by element (see
-        codegen.transpose)."""
-        w = self.w
-        B = transpose.BLOCK
+        """A copy nest moved through registers in 8x8 blocks (see codegen.transpose): one call for
+        the whole rectangle, or, where the outer loop is the parallel one, one per eight rows."""
         p, q = tp.outer, tp.inner
-        if transpose.full_blocks(p) and transpose.full_blocks(q):
-            if p.omp:
-                w.line("#pragma omp parallel for schedule(static)")
-            for f in (p, q):
-                w.line(f"for (long {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; "
-                       f"{f.var} += {B}) {{")
-                w.push()
-            self._transpose_block(tp)
-            for _ in range(2):
-                w.pop()
-                w.line("}")
+        if not p.omp:
+            self._transpose_rect(tp, p, q, f"{self._inclusive_bound(p)} - {p.var} + 1")
             return
-        hi = {f.var: self._inclusive_bound(f) for f in (p, q)}
-        w.line("{")
-        with w.indent():
-            w.line(f"long {p.var} = {_top(self._lexpr(p.init))};")
-            w.line(f"for (; {p.var} + {B - 1} <= {hi[p.var]}; {p.var} += {B}) {{")
-            with w.indent():
-                w.line(f"long {q.var} = {_top(self._lexpr(q.init))};")
-                w.line(f"for (; {q.var} + {B - 1} <= {hi[q.var]}; {q.var} += {B}) {{")
-                with w.indent():
-                    self._transpose_block(tp)
-                w.line("}")
-                w.line(f"for (; {q.var} <= {hi[q.var]}; {q.var} += 1) {{  // leftover columns")
-                with w.indent():
-                    w.line(f"const long {p.var}_b = {p.var};")
-                    w.line(f"for (long {p.var} = {p.var}_b; {p.var} < {p.var}_b + {B}; {p.var} += 1) {{")
-                    with w.indent():
-                        self._call(tp.call)
-                    w.line("}")
-                w.line("}")
-            w.line("}")
-            w.line(f"for (; {p.var} <= {hi[p.var]}; {p.var} += 1) {{  // leftover rows")
-            with w.indent():
-                w.line(f"for (long {q.var} = {_top(self._lexpr(q.init))}; {q.var} <= {hi[q.var]}; {q.var} += 1) {{")
-                with w.indent():
-                    self._call(tp.call)
-                w.line("}")
-            w.line("}")
-        w.line("}")
+        assert transpose.full_blocks(p)
+        self.w.line("#pragma omp parallel for schedule(static)")
+        self.w.line(f"for (long {p.var} = {_top(self._lexpr(p.init))}; {_top(self._lexpr(p.cond))}; "
+                    f"{p.var} += {transpose.BLOCK}) {{")
+        with self.w.indent():
+            self._transpose_rect(tp, None, q, str(transpose.BLOCK))
+        self.w.line("}")
 
     def _inclusive_bound(self, f: LFor) -> str:
         assert isinstance(f.cond, LOp)
         bound = _top(self._lexpr(f.cond.args[1]))
         return f"({bound})" if f.cond.op == "<=" else f"({bound} - 1)"
 
-    def _transpose_block(self, tp: transpose.Transpose) -> None:
+    def _transpose_rect(self, tp: transpose.Transpose, p: LFor | None, q: LFor, rows: str) -> None:
+        """``tc_transpose_rect`` from the first iteration of ``p`` (None: its current one) and of
+        ``q``: ``rows`` target rows, all of ``q``'s columns."""
         w = self.w
         st = self.scop.stmt(tp.call.stmt)
         s = self.c.stmts[st.number - 1]
         src = s.rhs
         assert isinstance(src, Read)
+        stream = int(memshare.elements(self.shapes[s.tensor]) * 4 >= transpose.STREAM_MIN_BYTES)
         w.line(f"{{  // statement {s.number} (line {s.span.line}): {print_stmt(s.source)}, in "
                f"{transpose.BLOCK}x{transpose.BLOCK} blocks")
         with w.indent():
+            for f in (p, q):
+                if f is not None:
+                    w.line(f"const long {f.var} = {_top(self._lexpr(f.init))};")
             env: dict[str, str] = {}
             for k, (name, arg) in enumerate(zip(st.indices, tp.call.args)):
                 w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             source = self._access(src.tensor, tuple(x for x in src.subs if isinstance(x, Sym)), env)
-            w.line(f"tc_transpose8(&{source}, {tp.source_stride}L, &{target}, {tp.target_stride}L);")
+            w.line(f"tc_transpose_rect(&{source}, {tp.source_stride}L, &{target}, {tp.target_stride}L, {rows}, "
+                   f"{self._inclusive_bound(q)} - {q.var} + 1, {stream});")
         w.line("}")
 
     def _register_tile(self, rt: regtile.RegisterTile) -> None:

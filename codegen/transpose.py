@@ -5,7 +5,10 @@ Element by element, such a copy reads a new cache line at every step of its inne
 with power-of-two row lengths the lines of a tile fall into the same cache sets and evict each
 other. Moved in 8x8 blocks instead, eight rows of the source are read as vectors, transposed in
 registers with shuffles and written as eight vectors, so every line is used whole once loaded.
-Leftover rows and columns (extents that are not multiples of 8) are copied element by element.
+The emitter hands each tile (or, under `omp parallel for`, each strip of eight target rows) to
+``tc_transpose_rect``, which walks 16 source rows at a time so that target lines are written
+whole, streams large targets past the caches, and copies leftover rows and columns (extents
+that are not multiples of 8) element by element.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar, expr_va
 from tcdsl.polyhedral.scop import Scop
 
 BLOCK = 8
+STREAM_MIN_BYTES = 16 << 20  # targets at least this large bypass the caches (they would not stay in them)
 
 # GCC and clang spell two-vector shuffles differently; the block is moved as 32-bit integers
-# (a copy: no floating-point operation touches the values).
+# (a copy: no floating-point operation touches the values). On x86 with AVX, large targets are
+# written with non-temporal stores in whole cache lines: a normal store first reads the line it
+# writes, so a copy moves three bytes for every two it needs.
 HELPER = r"""
 typedef uint32_t tc_u32x8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
@@ -30,10 +36,19 @@ typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
 #else
 #define TC_SHUF(a, b, ...) __builtin_shuffle(a, b, (tc_i32x8){__VA_ARGS__})
 #endif
-/* o[r * so + c] = a[c * sa + r] for r, c in 0..7 (32-bit elements) */
-static inline void tc_transpose8(const void *restrict a, long sa, void *restrict o, long so) {
-  const uint32_t *p = (const uint32_t *)a;
-  uint32_t *q = (uint32_t *)o;
+#if defined(__AVX__) && defined(__x86_64__)
+#include <immintrin.h>
+#define TC_HAVE_NT 1
+#define TC_NT_STORE(p, v) _mm256_stream_si256((__m256i *)(p), (__m256i)(v))
+#define TC_NT_FENCE() _mm_sfence()
+#else
+#define TC_HAVE_NT 0
+#define TC_NT_STORE(p, v) (*(tc_u32x8 *)(p) = (v))
+#define TC_NT_FENCE() ((void)0)
+#endif
+/* o[r * so + c] = a[c * sa + r] for r, c in 0..7 (32-bit elements); nt: o's rows are 32-byte
+   aligned and written around the caches */
+static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so, int nt) {
   tc_u32x8 r0 = *(const tc_u32x8 *)(p), r1 = *(const tc_u32x8 *)(p + sa);
   tc_u32x8 r2 = *(const tc_u32x8 *)(p + 2 * sa), r3 = *(const tc_u32x8 *)(p + 3 * sa);
   tc_u32x8 r4 = *(const tc_u32x8 *)(p + 4 * sa), r5 = *(const tc_u32x8 *)(p + 5 * sa);
@@ -46,14 +61,65 @@ static inline void tc_transpose8(const void *restrict a, long sa, void *restrict
   tc_u32x8 u2 = TC_SHUF(s1, s3, 0, 1, 8, 9, 4, 5, 12, 13), u3 = TC_SHUF(s1, s3, 2, 3, 10, 11, 6, 7, 14, 15);
   tc_u32x8 u4 = TC_SHUF(s4, s6, 0, 1, 8, 9, 4, 5, 12, 13), u5 = TC_SHUF(s4, s6, 2, 3, 10, 11, 6, 7, 14, 15);
   tc_u32x8 u6 = TC_SHUF(s5, s7, 0, 1, 8, 9, 4, 5, 12, 13), u7 = TC_SHUF(s5, s7, 2, 3, 10, 11, 6, 7, 14, 15);
-  *(tc_u32x8 *)(q) = TC_SHUF(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11);
-  *(tc_u32x8 *)(q + so) = TC_SHUF(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11);
-  *(tc_u32x8 *)(q + 2 * so) = TC_SHUF(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11);
-  *(tc_u32x8 *)(q + 3 * so) = TC_SHUF(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11);
-  *(tc_u32x8 *)(q + 4 * so) = TC_SHUF(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15);
-  *(tc_u32x8 *)(q + 5 * so) = TC_SHUF(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15);
-  *(tc_u32x8 *)(q + 6 * so) = TC_SHUF(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15);
-  *(tc_u32x8 *)(q + 7 * so) = TC_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
+  tc_u32x8 v[8] = {TC_SHUF(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11), TC_SHUF(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11),
+                   TC_SHUF(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11), TC_SHUF(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11),
+                   TC_SHUF(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15), TC_SHUF(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15),
+                   TC_SHUF(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15), TC_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15)};
+  for (int k = 0; k < 8; k++) {
+    if (TC_HAVE_NT && nt)
+      TC_NT_STORE(q + k * so, v[k]);
+    else
+      *(tc_u32x8 *)(q + k * so) = v[k];
+  }
+}
+/* o[r * so + c] = a[c * sa + r] for r in 0..7, c in 0..n-1 (n >= 0), normal stores */
+static inline void tc_transpose_rows8(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so, long n) {
+  long c = 0;
+  for (; c + 8 <= n; c += 8)
+    tc_transpose8x(p + c * sa, sa, q + c, so, 0);
+  for (; c < n; c++)
+    for (long r = 0; r < 8; r++)
+      q[r * so + c] = p[c * sa + r];
+}
+/* o[r * so + c] = a[c * sa + r] for r in 0..n0-1, c in 0..n1-1 (32-bit elements). Groups of 16
+   columns (16 rows of a, one 64-byte line of each row of o) are swept down the rows, so a is
+   read row by row and each line of o is written whole; with nt (and so a multiple of 16, so that
+   the rows of o share one alignment) those lines are written around the caches. */
+static __attribute__((noinline)) void tc_transpose_rect(const void *restrict a, long sa, void *restrict o,
+                                                        long so, long n0, long n1, int nt) {
+  const uint32_t *p = (const uint32_t *)a;
+  uint32_t *q = (uint32_t *)o;
+  long c = 0;
+  const int stream = TC_HAVE_NT && nt && so % 16 == 0 && ((uintptr_t)q & 3) == 0;
+  if (stream) {  /* the columns before the first line boundary of o's rows */
+    c = (long)((0 - (uintptr_t)q / 4) & 15);
+    if (c > n1)
+      c = n1;
+    long r = 0;
+    for (; r + 8 <= n0; r += 8)
+      tc_transpose_rows8(p + r, sa, q + r * so, so, c);
+    for (; r < n0; r++)
+      for (long k = 0; k < c; k++)
+        q[r * so + k] = p[k * sa + r];
+  }
+  for (; c + 16 <= n1; c += 16) {
+    long r = 0;
+    for (; r + 8 <= n0; r += 8) {
+      tc_transpose8x(p + c * sa + r, sa, q + r * so + c, so, stream);
+      tc_transpose8x(p + (c + 8) * sa + r, sa, q + r * so + c + 8, so, stream);
+    }
+    for (; r < n0; r++)
+      for (long k = c; k < c + 16; k++)
+        q[r * so + k] = p[k * sa + r];
+  }
+  if (stream)
+    TC_NT_FENCE();
+  long r = 0;
+  for (; r + 8 <= n0; r += 8)
+    tc_transpose_rows8(p + c * sa + r, sa, q + r * so + c, so, n1 - c);
+  for (; r < n0; r++)
+    for (long k = c; k < n1; k++)
+      q[r * so + k] = p[k * sa + r];
 }
 """
 
@@ -90,8 +156,8 @@ def match(n: LFor, scop: Scop, checked: CheckedDef, strides: dict[str, tuple[int
         return None
     if not (_rectangular(n, None) and _rectangular(inner, n)):
         return None
-    if n.omp and not (full_blocks(n) and full_blocks(inner)):
-        return None  # `omp parallel for` needs the canonical loop: leftovers only in serial loops
+    if n.omp and not full_blocks(n):
+        return None  # `omp parallel for` needs the canonical loop: leftover rows only in serial loops
     args = dict(zip(st.indices, call.args))
     lhs = tuple(Sym.var(i, "index") for i in s.lhs)
     t_outer = _stride(lhs, strides[s.tensor], args, n.var)

@@ -26,6 +26,11 @@ DEFAULT_TILE = 32
 ROW_REGISTER_ONE = 6  # register-tile rows of a contraction with one row member
 ROW_TILE_ONE = 48  # its cache tile: eight register tiles
 VECTOR = 16  # float32 lanes of one vector register (AVX-512)
+# A copy that reads along one member and writes along another (a transpose) is moved in tiles of
+# 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
+# and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
+CROSS_TILE = 64
+CROSS_CONTIG_TILE = 1024
 
 
 @dataclass(frozen=True)
@@ -163,14 +168,20 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     else:
         order = list(range(n))
 
+    # members along which another access is contiguous (a transpose's source)
+    crossing = [i for i in par if not red and i != contig and infos[i].contiguous > 0]
+    transposing = bool(crossing)
+
     def default_tile(i: int) -> int:
         if i in red and row is None and contig is None:
             return 0  # reductions innermost: one accumulator over the whole range
-        # a member along which another access is contiguous (a transpose) gets a square tile:
-        # each source row is then read once per tile, whole cache lines at a time
-        crossing = not red and infos[i].contiguous > 0
         row_tile = ROW_TILE_ONE if len(rows) == 1 else 64  # whole register tiles of rows
-        size = 256 if i == contig or crossing else row_tile if i in rows else 128 if i in red else DEFAULT_TILE
+        if transposing and i == contig:
+            size = CROSS_CONTIG_TILE
+        elif i in crossing:
+            size = CROSS_TILE
+        else:
+            size = 256 if i == contig else row_tile if i in rows else 128 if i in red else DEFAULT_TILE
         return size if infos[i].extent > size else 0
 
     # Two row members (conv: output channel x output row) and a contiguous member of two to four

@@ -936,7 +936,28 @@ def test_transpose_in_blocks_matches_numpy(shape: tuple[int, int], tile: tuple[i
     np.testing.assert_array_equal(k(A[:, ::-1], backend="c", options=opts), A[:, ::-1].T)  # a strided view
     src = k.source(A, options=opts)
     if shape in ((512, 768), (520, 264), (1000, 8)) or tile == (16, 8):  # tiled: blocks, with leftovers
-        assert "tc_transpose8(&" in src, src
+        assert "tc_transpose_rect(&" in src, src
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("shape", [(2048, 2053), (2053, 2048)])
+def test_large_transpose_streams_into_any_alignment(shape: tuple[int, int]):
+    """Targets of 16 MiB and more are written around the caches in whole 64-byte lines: the first
+    line boundary of each row depends on where the output starts, so outputs that start at every
+    offset within a line must all come out right (partial lines at both ends of each row)."""
+    k = tc.define(TRANSPOSE)
+    A = f32(shape)
+    src = k.source(A)
+    streams = shape[0] % 16 == 0  # the target's rows, shape[0] long, share one alignment
+    assert re.search(r"tc_transpose_rect\(&.*, 1\);", src) if streams else "tc_transpose_rect(&" in src
+    n = A.size
+    buf = np.empty(n + 16, np.float32)
+    for offset in (0, 1, 4, 7, 8, 13, 15):
+        buf[:] = np.nan
+        out = buf[offset:offset + n].reshape(shape[1], shape[0])
+        k(A, out=out)
+        np.testing.assert_array_equal(out, A.T)
+        assert np.isnan(buf[:offset]).all() and np.isnan(buf[offset + n:]).all()  # nothing outside out
 
 
 @pytest.mark.cpu
@@ -945,7 +966,7 @@ def test_layout_permutation_in_blocks_matches_numpy():
     I = rng(0).integers(-2**31, 2**31 - 1, (2, 24, 5, 16), dtype=np.int32)
     got = k(I, backend="c")
     np.testing.assert_array_equal(got, I.transpose(0, 2, 3, 1))
-    assert "tc_transpose8(&" in k.source(I)
+    assert "tc_transpose_rect(&" in k.source(I)
 
 
 # ---- vector exp ----------------------------------------------------------------------------------------
