@@ -27,7 +27,7 @@ STREAM_MIN_BYTES = 16 << 20  # targets at least this large bypass the caches (th
 # GCC and clang spell two-vector shuffles differently; the block is moved as 32-bit integers
 # (a copy: no floating-point operation touches the values). On x86 with AVX, large targets are
 # written with non-temporal stores in whole cache lines: a normal store first reads the line it
-# writes, so a copy moves three bytes for every two it needs.
+# writes, so a copy moves three bytes for every two it needs (elsewhere they are stored normally).
 HELPER = r"""
 typedef uint32_t tc_u32x8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
@@ -36,19 +36,8 @@ typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
 #else
 #define TC_SHUF(a, b, ...) __builtin_shuffle(a, b, (tc_i32x8){__VA_ARGS__})
 #endif
-#if defined(__AVX__) && defined(__x86_64__)
-#include <immintrin.h>
-#define TC_HAVE_NT 1
-#define TC_NT_STORE(p, v) _mm256_stream_si256((__m256i *)(p), (__m256i)(v))
-#define TC_NT_FENCE() _mm_sfence()
-#else
-#define TC_HAVE_NT 0
-#define TC_NT_STORE(p, v) (*(tc_u32x8 *)(p) = (v))
-#define TC_NT_FENCE() ((void)0)
-#endif
-/* o[r * so + c] = a[c * sa + r] for r, c in 0..7 (32-bit elements); nt: o's rows are 32-byte
-   aligned and written around the caches */
-static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so, int nt) {
+/* v[r][c] = a[c * sa + r] for r, c in 0..7 (32-bit elements) */
+static inline void tc_transpose8v(const uint32_t *restrict p, long sa, tc_u32x8 v[8]) {
   tc_u32x8 r0 = *(const tc_u32x8 *)(p), r1 = *(const tc_u32x8 *)(p + sa);
   tc_u32x8 r2 = *(const tc_u32x8 *)(p + 2 * sa), r3 = *(const tc_u32x8 *)(p + 3 * sa);
   tc_u32x8 r4 = *(const tc_u32x8 *)(p + 4 * sa), r5 = *(const tc_u32x8 *)(p + 5 * sa);
@@ -61,22 +50,57 @@ static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t 
   tc_u32x8 u2 = TC_SHUF(s1, s3, 0, 1, 8, 9, 4, 5, 12, 13), u3 = TC_SHUF(s1, s3, 2, 3, 10, 11, 6, 7, 14, 15);
   tc_u32x8 u4 = TC_SHUF(s4, s6, 0, 1, 8, 9, 4, 5, 12, 13), u5 = TC_SHUF(s4, s6, 2, 3, 10, 11, 6, 7, 14, 15);
   tc_u32x8 u6 = TC_SHUF(s5, s7, 0, 1, 8, 9, 4, 5, 12, 13), u7 = TC_SHUF(s5, s7, 2, 3, 10, 11, 6, 7, 14, 15);
-  tc_u32x8 v[8] = {TC_SHUF(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11), TC_SHUF(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11),
-                   TC_SHUF(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11), TC_SHUF(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11),
-                   TC_SHUF(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15), TC_SHUF(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15),
-                   TC_SHUF(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15), TC_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15)};
+  v[0] = TC_SHUF(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11);
+  v[1] = TC_SHUF(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11);
+  v[2] = TC_SHUF(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11);
+  v[3] = TC_SHUF(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11);
+  v[4] = TC_SHUF(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15);
+  v[5] = TC_SHUF(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15);
+  v[6] = TC_SHUF(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15);
+  v[7] = TC_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+/* o[r * so + c] = a[c * sa + r] for r, c in 0..7 */
+static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+  tc_u32x8 v[8];
+  tc_transpose8v(p, sa, v);
+  for (int k = 0; k < 8; k++)
+    *(tc_u32x8 *)(q + k * so) = v[k];
+}
+/* Non-temporal stores of whole 64-byte lines (x86-64 with AVX): each line is written by one
+   instruction (AVX-512) or two back to back, never left half-written in a write-combining buffer,
+   which would then go to memory as a partial line (a read-modify-write: 2x slower). */
+#if defined(__AVX__) && defined(__x86_64__)
+#include <immintrin.h>
+#define TC_HAVE_NT 1
+/* o[r * so + c] = a[c * sa + r] for r in 0..7, c in 0..15, o's rows 64-byte aligned */
+static inline void tc_transpose16x8_nt(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+  tc_u32x8 lo[8], hi[8];
+  tc_transpose8v(p, sa, lo);
+  tc_transpose8v(p + 8 * sa, sa, hi);
   for (int k = 0; k < 8; k++) {
-    if (TC_HAVE_NT && nt)
-      TC_NT_STORE(q + k * so, v[k]);
-    else
-      *(tc_u32x8 *)(q + k * so) = v[k];
+#if defined(__AVX512F__)
+    _mm512_stream_si512((void *)(q + k * so),
+                        _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)lo[k]), (__m256i)hi[k], 1));
+#else
+    _mm256_stream_si256((__m256i *)(q + k * so), (__m256i)lo[k]);
+    _mm256_stream_si256((__m256i *)(q + k * so + 8), (__m256i)hi[k]);
+#endif
   }
 }
+#define TC_NT_FENCE() _mm_sfence()
+#else
+#define TC_HAVE_NT 0
+static inline void tc_transpose16x8_nt(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+  tc_transpose8x(p, sa, q, so);
+  tc_transpose8x(p + 8 * sa, sa, q + 8, so);
+}
+#define TC_NT_FENCE() ((void)0)
+#endif
 /* o[r * so + c] = a[c * sa + r] for r in 0..7, c in 0..n-1 (n >= 0), normal stores */
 static inline void tc_transpose_rows8(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so, long n) {
   long c = 0;
   for (; c + 8 <= n; c += 8)
-    tc_transpose8x(p + c * sa, sa, q + c, so, 0);
+    tc_transpose8x(p + c * sa, sa, q + c, so);
   for (; c < n; c++)
     for (long r = 0; r < 8; r++)
       q[r * so + c] = p[c * sa + r];
@@ -105,8 +129,12 @@ static __attribute__((noinline)) void tc_transpose_rect(const void *restrict a, 
   for (; c + 16 <= n1; c += 16) {
     long r = 0;
     for (; r + 8 <= n0; r += 8) {
-      tc_transpose8x(p + c * sa + r, sa, q + r * so + c, so, stream);
-      tc_transpose8x(p + (c + 8) * sa + r, sa, q + r * so + c + 8, so, stream);
+      if (stream) {
+        tc_transpose16x8_nt(p + c * sa + r, sa, q + r * so + c, so);
+      } else {
+        tc_transpose8x(p + c * sa + r, sa, q + r * so + c, so);
+        tc_transpose8x(p + (c + 8) * sa + r, sa, q + r * so + c + 8, so);
+      }
     }
     for (; r < n0; r++)
       for (long k = c; k < c + 16; k++)
