@@ -71,6 +71,15 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
+/* Iterations per chunk of a parallel loop: about eight chunks per thread, handed out as threads
+   become free, so a thread that loses its core to another process holds up less of the work */
+#ifdef _OPENMP
+#include <omp.h>
+static inline long tc_chunk(long trips) {
+  const long c = trips / (8L * omp_get_max_threads());
+  return c > 1 ? c : 1;
+}
+#endif
 
 """
 
@@ -265,8 +274,9 @@ class _Emitter:
             hoisted = self._hoist(n) if n.simd else {}
             self.hoisted.update(hoisted)
             if n.omp:
-                collapse = " collapse(2)" if self._collapsible(n) else ""
-                w.line(f"#pragma omp parallel for schedule(static){collapse}")
+                collapsed = self._collapsible(n)
+                collapse = " collapse(2)" if collapsed else ""
+                w.line(f"#pragma omp parallel for {_schedule(n, collapsed)}{collapse}")
             elif n.simd:
                 w.line("#pragma omp simd")
             trips = regtile.trip_bound(n)
@@ -724,6 +734,20 @@ def _literal(v: object, ctype: str) -> str:
     if iv == -(2**31):
         return "(-2147483647 - 1)"
     return f"(({ctype}){iv})" if ctype not in ("int32_t",) else (str(iv) if iv >= 0 else f"({iv})")
+
+
+def _schedule(n: LFor, collapsed: bool) -> str:
+    """The schedule clause of parallel loop ``n`` (and, collapsed, of the loop inside it): chunks
+    handed out dynamically where the iteration count is known (on a machine shared with other
+    work, a static split waits for its slowest thread: softmax 2.5 -> 1.8 ms median with another
+    process on one of two cores), static otherwise."""
+    trips = trip_count(n)
+    if trips is not None and collapsed:
+        inner = n.body[0]
+        assert isinstance(inner, LFor)
+        m = trip_count(inner)
+        trips = None if m is None else trips * m
+    return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
 
 
 def _top(text: str) -> str:

@@ -6,6 +6,7 @@ and the OpenMP marks. Every test that compiles is marked ``cpu`` (skipped withou
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import stat
@@ -1016,6 +1017,26 @@ def test_few_parallel_tiles_share_threads_with_the_next_loop(b: int, m: int, n: 
         assert "collapse(2)" in k.source(I, W, bias)
     want = np.maximum(I.astype(np.float64) @ W + bias, 0)
     np.testing.assert_allclose(k(I, W, bias, backend="c"), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("threads", [1, 3, 64])
+def test_parallel_loops_hand_out_chunks_for_any_thread_count(threads: int):
+    """Parallel loops with a known iteration count are scheduled in chunks of about an eighth of
+    a thread's share (at least one iteration), so any number of threads computes every tile once."""
+    gomp = ctypes.CDLL("libgomp.so.1")
+    before = gomp.omp_get_max_threads()
+    k = tc.define(FC_EPILOGUE)
+    I, W, bias = f32((100, 33)), f32((33, 1000), 1), f32((1000,), 2)
+    src = k.source(I, W, bias)
+    assert re.search(r"#pragma omp parallel for schedule\(dynamic, tc_chunk\(\d+L\)\)", src), src
+    want = np.maximum(I.astype(np.float64) @ W + bias, 0)
+    try:
+        gomp.omp_set_num_threads(threads)
+        got = k(I, W, bias, backend="c")
+    finally:
+        gomp.omp_set_num_threads(before)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ---- operand layout (tcdsl.layout) ------------------------------------------------------------------
