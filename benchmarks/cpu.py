@@ -8,7 +8,9 @@ the table shows each contender's median. Before each timed call the script waits
 pools of the previous call have stopped spinning (see quiesce()). Warm-up calls come first;
 tcdsl's compile is timed apart.
 Every tcdsl result is checked against numpy: a mismatch is marked FAIL and the exit status is 1.
-A STREAM-like triad measured here gives the machine's bandwidth for the memory-bound kernels.
+A STREAM-like triad measured here gives the machine's bandwidth for the memory-bound kernels: its
+best before and after the kernels, and its median as one more contender in their rounds (the
+fractions of the targets compare medians from the same rounds).
 The closing "targets" section says which of issue 3's performance targets are met.
 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (set on some machines) slow numpy's BLAS down; this script
@@ -64,6 +66,7 @@ PRECALL_BELOW_S = 0.25  # a contender faster than this makes an untimed call rig
 TRIAD_N = 32 << 20  # 32M float32 per array
 TRIAD_REPS = 20
 OUT = "tcdsl out="  # memory-bound kernels only: tcdsl writing into a preallocated output
+TRIAD = "triad"  # memory-bound kernels only: numpy's threaded triad, timed in the same rounds
 
 # ----------------------------------------------------------------------------------------------
 # TC sources
@@ -287,56 +290,70 @@ def load_avg() -> str:
         return "unknown"
 
 
-def measure_triad(torch: Any) -> dict[str, float]:
-    """Best-of-N GB/s of a = b + s*c on 32M float32 (3 arrays * 4 bytes per element), per variant.
+class Triad:
+    """a = b + s*c on 32M float32 (3 arrays * 4 bytes per element, TRIAD_BYTES per call).
 
     numpy has no fused triad, so it runs in L2-sized chunks (a = c*s, then a += b while the chunk of
-    a is still in cache): memory sees exactly one read of b and c and one write of a. Once on one
-    thread, once split over all cores (ufuncs release the GIL). torch's one-pass triad is shown too.
+    a is still in cache): memory sees exactly one read of b and c and one write of a. ``threaded``
+    splits it over all cores (ufuncs release the GIL); ``single`` runs it on one thread.
     """
-    n = TRIAD_N
-    a = np.zeros(n, F32)
-    b = np.full(n, 1.0, F32)
-    c = np.full(n, 2.0, F32)
-    s = F32(3.0)
-    chunk = 1 << 16
 
-    def part(lo: int, hi: int) -> None:
+    def __init__(self) -> None:
+        n = TRIAD_N
+        self.a = np.zeros(n, F32)
+        self.b = np.full(n, 1.0, F32)
+        self.c = np.full(n, 2.0, F32)
+        self.threads = os.cpu_count() or 1
+        self.pool = ThreadPoolExecutor(self.threads)
+
+    def part(self, lo: int, hi: int) -> None:
+        chunk, s = 1 << 16, F32(3.0)
         for i in range(lo, hi, chunk):
             j = min(i + chunk, hi)
-            x = a[i:j]
-            np.multiply(c[i:j], s, out=x)
-            np.add(x, b[i:j], out=x)
+            x = self.a[i:j]
+            np.multiply(self.c[i:j], s, out=x)
+            np.add(x, self.b[i:j], out=x)
 
-    nt = os.cpu_count() or 1
-    step = -(-n // nt)
-    with ThreadPoolExecutor(nt) as pool:
-        def threaded() -> None:
-            list(pool.map(lambda t: part(t * step, min(n, (t + 1) * step)), range(nt)))
+    def single(self) -> None:
+        self.part(0, TRIAD_N)
 
-        variants: list[tuple[str, Callable[[], None]]] = [("numpy, 1 thread", lambda: part(0, n)),
-                                                          (f"numpy, {nt} threads", threaded)]
-        if torch is not None:
-            ta, tb, tcc = (torch.from_numpy(x) for x in (a, b, c))
-            variants.append((f"torch.add, {torch.get_num_threads()} threads",
-                             lambda: torch.add(tb, tcc, alpha=3.0, out=ta)))
-        gbs: dict[str, float] = {}
-        for name, fn in variants:
+    def threaded(self) -> None:
+        step = -(-TRIAD_N // self.threads)
+        list(self.pool.map(lambda t: self.part(t * step, min(TRIAD_N, (t + 1) * step)), range(self.threads)))
+
+    def check(self) -> None:
+        if not np.allclose(self.a[:: TRIAD_N // 7], 7.0):
+            raise SystemExit("triad: wrong result")
+
+
+TRIAD_BYTES = 3 * 4 * TRIAD_N
+
+
+def measure_triad(torch: Any, triad: Triad) -> dict[str, float]:
+    """Best-of-N GB/s of the triad per variant: numpy on one thread, on all cores, and torch's
+    one-pass triad."""
+    variants: list[tuple[str, Callable[[], Any]]] = [("numpy, 1 thread", triad.single),
+                                                     (f"numpy, {triad.threads} threads", triad.threaded)]
+    if torch is not None:
+        ta, tb, tcc = (torch.from_numpy(x) for x in (triad.a, triad.b, triad.c))
+        variants.append((f"torch.add, {torch.get_num_threads()} threads",
+                         lambda: torch.add(tb, tcc, alpha=3.0, out=ta)))
+    gbs: dict[str, float] = {}
+    for name, fn in variants:
+        fn()
+        quiesce()
+        best = math.inf
+        for _ in range(TRIAD_REPS):
+            t0 = time.perf_counter()
             fn()
-            quiesce()
-            best = math.inf
-            for _ in range(TRIAD_REPS):
-                t0 = time.perf_counter()
-                fn()
-                best = min(best, time.perf_counter() - t0)
-            gbs[name] = 3 * 4 * n / best / 1e9
-    if not np.allclose(a[:: n // 7], 7.0):
-        raise SystemExit("triad: wrong result")
+            best = min(best, time.perf_counter() - t0)
+        gbs[name] = TRIAD_BYTES / best / 1e9
+    triad.check()
     return gbs
 
 
 def triad_report(before: dict[str, float], after: dict[str, float]) -> float:
-    """Print the triads measured before and after the kernels; the reference is numpy's best of both."""
+    """Print the triads measured before and after the kernels; returns numpy's best of both."""
     ref = max(v for m in (before, after) for k, v in m.items() if k.startswith("numpy"))
     print(f"## bandwidth (STREAM-like triad a = b + s*c, 32M float32, best of {TRIAD_REPS}, 3 arrays * 4 bytes)")
     print()
@@ -345,7 +362,7 @@ def triad_report(before: dict[str, float], after: dict[str, float]) -> float:
     for k in before:
         print(f"| {k} | {before[k]:.1f} | {after[k]:.1f} |")
     print()
-    print(f"reference bandwidth (numpy's best): {ref:.1f} GB/s")
+    print(f"the machine's best (numpy): {ref:.1f} GB/s")
     print()
     return ref
 
@@ -386,7 +403,7 @@ def quiesce(max_s: float = 1.0, step: float = 0.01) -> None:
 
 
 def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, Any], options: MappingOptions,
-             rounds_arg: int | None) -> Result:
+             rounds_arg: int | None, triad: Triad | None = None) -> Result:
     res = Result(case)
     arrays = [rng.standard_normal(s, dtype=F32) for s in case.input_shapes]
     want = case.numpy_fn(*arrays)
@@ -410,6 +427,8 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
         if case.bytes_moved:  # the kernel alone, writing into an existing array as the triad does
             out = np.empty_like(want)
             contenders[OUT] = lambda: kernel(*arrays, backend="c", options=options, out=out)
+    if case.bytes_moved and triad is not None:  # the machine's bandwidth under the same load
+        contenders[TRIAD] = triad.threaded
     contenders["numpy"] = lambda: case.numpy_fn(*arrays)
     if torch is not None:
         tensors = [torch.from_numpy(a) for a in arrays]
@@ -499,34 +518,40 @@ def table(results: list[Result]) -> None:
     print()
 
 
-def bandwidth_table(results: list[Result], triad: float) -> None:
-    """Achieved GB/s of the memory-bound kernels and tcdsl's fraction of the triad."""
+def bandwidth_table(results: list[Result], best_triad: float) -> None:
+    """Achieved GB/s of the memory-bound kernels and tcdsl's fraction of the triad timed in the
+    same rounds (medians against medians, best against best)."""
     rows = [r for r in results if r.case.bytes_moved]
     if not rows:
         return
-    print(f"## memory-bound kernels (GB/s = bytes read + written once / median time; triad {triad:.1f} GB/s)")
+    print("## memory-bound kernels (GB/s = bytes read + written once / median time)")
     print()
     print("tcdsl, numpy and torch allocate a fresh output per call (its first touch costs page faults); "
-          "'tcdsl out=' writes into an existing array, as the triad does: the fractions of the triad use it.")
+          "'tcdsl out=' writes into an existing array, as the triad does: the fractions of the triad use it. "
+          "The triad runs as one more contender in the same rounds, so the load of the machine hits it alike.")
     print()
-    print("| kernel | MB moved | tcdsl GB/s | tcdsl out= GB/s | numpy GB/s | torch GB/s | tcdsl out= / triad | "
-          "best / triad |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | MB moved | tcdsl GB/s | tcdsl out= GB/s | numpy GB/s | torch GB/s | triad GB/s | "
+          "tcdsl out= / triad | best / best | tcdsl out= / machine's best triad |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        gb = {k: r.case.bytes_moved / v / 1e9 for k, v in r.times.items()}
-        cell = [f"{gb[k]:.1f}" if k in gb else "-" for k in ("tcdsl", OUT, "numpy", "torch")]
-        fr = [triad_fraction(r, triad, t) for t in (r.times, r.best)]
+        gb = {k: (TRIAD_BYTES if k == TRIAD else r.case.bytes_moved) / v / 1e9 for k, v in r.times.items()}
+        cell = [f"{gb[k]:.1f}" if k in gb else "-" for k in ("tcdsl", OUT, "numpy", "torch", TRIAD)]
+        fr = [triad_fraction(r, t) for t in (r.times, r.best)]
+        fr.append(gb[OUT] / best_triad if OUT in gb and best_triad else None)
         print(f"| {r.case.name} | {r.case.bytes_moved / 1e6:.0f} | {' | '.join(cell)} | "
               + " | ".join("-" if f is None else f"{f:.2f}" for f in fr) + " |")
     print()
 
 
-def triad_fraction(r: Result, triad: float, times: dict[str, float]) -> float | None:
-    t = times.get(OUT)
-    return None if t is None or r.status != "ok" or not triad else r.case.bytes_moved / t / 1e9 / triad
+def triad_fraction(r: Result, times: dict[str, float]) -> float | None:
+    """tcdsl's GB/s writing into an existing array over the triad's, from the same rounds."""
+    t, tt = times.get(OUT), times.get(TRIAD)
+    if t is None or tt is None or r.status != "ok":
+        return None
+    return (r.case.bytes_moved / t) / (TRIAD_BYTES / tt)
 
 
-def targets(results: list[Result], triad: float, have_torch: bool) -> None:
+def targets(results: list[Result], have_torch: bool) -> None:
     by = {r.case.name: r for r in results}
     # (what, kernel, against, threshold)
     goals = [("matmul 1024^3 >= 0.4x numpy", "matmul_1024", "numpy", 0.4),
@@ -547,7 +572,7 @@ def targets(results: list[Result], triad: float, have_torch: bool) -> None:
         elif against == "torch" and not have_torch:
             verdict = "n/a (no torch)"
         else:
-            x, xb = (triad_fraction(r, triad, t) if against == "triad" else ratio(t.get(against), t.get("tcdsl"))
+            x, xb = (triad_fraction(r, t) if against == "triad" else ratio(t.get(against), t.get("tcdsl"))
                      for t in (r.times, r.best))
             verdict = "n/a" if x is None else f"{'met' if x >= thr else 'NOT met'} ({x:.2f}x; best-of {xb:.2f}x)"
         print(f"- {what}: {verdict}")
@@ -589,22 +614,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     describe_machine(torch, torch_note, options)
-    need_triad = any(c.bytes_moved for c in selected)
-    triad_before = measure_triad(torch) if need_triad else {}
+    triad = Triad() if any(c.bytes_moved for c in selected) else None
+    triad_before = measure_triad(torch, triad) if triad else {}
 
     rng = np.random.default_rng(0)
     results = []
     for case in selected:
-        r = run_case(case, rng, torch, timpl, options, a.rounds)
+        r = run_case(case, rng, torch, timpl, options, a.rounds, triad)
         results.append(r)
         times = ", ".join(f"{k} {fmt_ms(v)} ms" for k, v in r.times.items())
         print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}: {r.status}, {r.rounds} rounds: {times}",
               flush=True)
     print()
     table(results)
-    triad = triad_report(triad_before, measure_triad(torch)) if need_triad else 0.0
-    bandwidth_table(results, triad)
-    targets(results, triad, torch is not None)
+    best_triad = triad_report(triad_before, measure_triad(torch, triad)) if triad is not None else 0.0
+    bandwidth_table(results, best_triad)
+    targets(results, torch is not None)
     bad = [r.case.name for r in results if r.status != "ok"]
     print(f"load average at the end: {load_avg()} (on {os.cpu_count()} cores: other work on the machine slows every "
           "contender; the round-robin spreads it evenly but not away)")
