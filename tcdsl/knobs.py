@@ -36,6 +36,13 @@ def cache_dir() -> Path:
     return Path(base) / "tcdsl"
 
 
+def tuning_db() -> Path:
+    """TCDSL_TUNING_DB: the SQLite tuning cache (default ``tuning.sqlite`` in the cache dir)."""
+    if os.environ.get("TCDSL_TUNING_DB"):
+        return Path(os.environ["TCDSL_TUNING_DB"])
+    return cache_dir() / "tuning.sqlite"
+
+
 def force_recompile() -> bool:
     """TCDSL_FORCE_RECOMPILE: ignore the on-disk cache of compiled kernels."""
     return _flag("TCDSL_FORCE_RECOMPILE")
