@@ -20,6 +20,11 @@ from .options import MappingOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["define", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
+
+def autotune(kernel: Kernel, *args: object, **settings: object) -> object:
+    """``kernel.autotune(*args, **settings)``: search mapping options, store and use the best."""
+    return kernel.autotune(*args, **settings)
+
+__all__ = ["define", "autotune", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
            "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
            "TcCompileError", "TcWarning", "__version__"]

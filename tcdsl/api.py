@@ -71,6 +71,7 @@ class Kernel:
         self._cache: dict[tuple, Instance] = {}
         self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
+        self._tuned: dict[tuple, MappingOptions | None] = {}  # per argument layout: options from the tuning cache
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
         self.__doc__ = str(checked)
@@ -137,6 +138,36 @@ class Kernel:
                 self.compile_count += 1
         return ck
 
+    def _tuned_for(self, arrays: list[np.ndarray]) -> MappingOptions | None:
+        """Options a past search stored for these arguments, when the kernel has none of its own
+        (looked up once per argument layout; a kernel with explicit options ignores the cache)."""
+        if self.options != MappingOptions():
+            return None
+        key = tuple((a.shape, a.dtype.str, a.strides) for a in arrays)
+        if key not in self._tuned:
+            from .tuner.tune import tuned_options
+
+            found = None
+            if knobs.tuning_db().exists():
+                try:
+                    found = tuned_options(self, arrays)
+                except TcError:
+                    found = None  # an unreadable cache never stops a call: the defaults run
+            with self._lock:
+                self._tuned[key] = found
+        return self._tuned[key]
+
+    def autotune(self, *args: Any, **settings: Any) -> Any:
+        """Search mapping options for these arguments (C backend), store the best in the tuning
+        cache and use them for later calls; returns a ``TuneResult`` (see ``tcdsl.tuner.tune``)."""
+        from .tuner.tune import autotune
+
+        arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
+        result = autotune(self, arrays, **settings)
+        with self._lock:
+            self._tuned[tuple((a.shape, a.dtype.str, a.strides) for a in arrays)] = result.options
+        return result
+
     def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
         """Every compiler stage for these arguments (no C compiler needed)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
@@ -169,7 +200,7 @@ class Kernel:
         outs = _check_out(self.checked, inst, out)
         if be == "c":
             arrays = [_c_ready(a) for a in arrays]
-            ck = self._compiled_for(inst, arrays, options or self.options)
+            ck = self._compiled_for(inst, arrays, options or self._tuned_for(arrays) or self.options)
             inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
             if outs is not None and ck.writes_in_place(inputs, outs):
                 ck(inputs, outs)

@@ -70,6 +70,35 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from .api import Kernel
+
+    module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
+    defs = {d.name.name: d for d in module.defs}
+    if args.entry is None and len(defs) == 1:
+        args.entry = next(iter(defs))
+    if args.entry not in defs:
+        raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
+    if args.backend != "c":
+        raise TcArgumentError(f"tuning for backend {args.backend!r} is not available: only 'c'")
+    kernel = Kernel(check_def(defs[args.entry]))
+    rng = np.random.default_rng(args.seed or 0)
+    arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
+    result = kernel.autotune(*arrays, generations=args.generations, population=args.population,
+                             budget=args.budget, seed=args.seed, resume=args.resume)
+    print(result.explain())
+    print(result.options.to_json())
+    return 0
+
+
+def _random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if a.dtype.kind == "f":
+        return rng.standard_normal(a.shape).astype(a.dtype)
+    if a.dtype.kind in "iu":
+        return rng.integers(0, 4, a.shape).astype(a.dtype)  # small: safe as gather indices into most tables
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tcdsl", description="Tensor comprehensions compiler.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -83,6 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--emit", choices=("c", "schedule", "explain"), default="c")
     comp.add_argument("--options", help="mapping options as JSON (see MappingOptions.to_json)")
     comp.set_defaults(run=_compile)
+    tune = sub.add_parser("tune", help="search mapping options for one def at given sizes and store the best")
+    tune.add_argument("file", metavar="FILE.tc")
+    tune.add_argument("--entry", help="the def to tune (default: the only one)")
+    tune.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
+    tune.add_argument("--budget", type=float, help="stop after this many seconds")
+    tune.add_argument("--generations", type=int, default=25)
+    tune.add_argument("--population", type=int, default=100)
+    tune.add_argument("--seed", type=int)
+    tune.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c")
+    tune.set_defaults(run=_tune)
     args = ap.parse_args(argv)
     try:
         return int(args.run(args))

@@ -1,0 +1,297 @@
+"""Safe evaluation of tuning candidates: ``list[MappingOptions]`` -> ``list[float]`` (seconds; inf: invalid).
+
+Candidates are compiled in parallel worker processes (or on any ``concurrent.futures.Executor``),
+then timed one at a time in an isolated worker with a timeout: a candidate that crashes, hangs
+or raises is scored invalid and the worker is replaced; the session never sees the fault. A
+candidate that would become the best is first checked against the reference interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from tcdsl import knobs
+from tcdsl.options import MappingOptions
+
+FLUSH_BYTES = 64 << 20  # written between timed runs: more than the last-level cache
+RTOL = 1e-4  # max |candidate - reference| / max |reference| accepted for floating-point outputs
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """Shape, dtype and element strides of one input: enough to compile for it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+
+    @staticmethod
+    def of(a: np.ndarray) -> ArgSpec:
+        return ArgSpec(a.shape, a.dtype.str, tuple(s // a.itemsize for s in a.strides))
+
+    def dummy(self) -> np.ndarray:
+        """A (zero) array with this layout."""
+        dt = np.dtype(self.dtype)
+        if not self.shape or 0 in self.shape:
+            return np.zeros(self.shape, dt)
+        span = 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides))
+        base = np.zeros(span, dt)
+        offset = sum((n - 1) * -s for n, s in zip(self.shape, self.strides) if s < 0)
+        return np.lib.stride_tricks.as_strided(base[offset:], self.shape, tuple(s * dt.itemsize for s in self.strides))
+
+
+def compile_candidate(source: str, specs: Sequence[ArgSpec], options_json: str) -> str | None:
+    """Build the C kernel of ``source`` for ``specs`` under the options (into the disk cache);
+    None when it compiled, else the reason. Runs in worker processes (or on a Dask worker)."""
+    try:
+        from tcdsl.api import define
+
+        kernel = define(source)
+        kernel.compiled(*(s.dummy() for s in specs), options=MappingOptions.from_json(options_json))
+        return None
+    except Exception as e:  # every failure is the candidate's: scored invalid
+        return f"{type(e).__name__}: {e}"
+
+
+# ---- worker processes ----------------------------------------------------------------------------
+
+def _flush(buf: np.ndarray) -> None:
+    buf.sum()  # reads every line: the caches then hold none of the kernel's data, and nothing dirty
+
+
+def time_candidate(kernel: Any, inputs: list[np.ndarray], options: MappingOptions, reps: int,
+                   flush: np.ndarray) -> tuple[float, Any]:
+    """One warm-up call (which loads the library), then the median of ``reps`` calls, each after
+    the caches are flushed; returns (seconds, the warm-up call's outputs)."""
+    out = kernel(*inputs, backend="c", options=options)
+    times = []
+    for _ in range(reps):
+        _flush(flush)
+        t0 = time.perf_counter()
+        kernel(*inputs, backend="c", options=options)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+class Worker:
+    """One worker process (``python -m tcdsl.tuner.worker``: no re-import of the user's script);
+    a request that faults or outlives its timeout kills and replaces it."""
+
+    def __init__(self, runner: str = "tcdsl.tuner.evaluate:time_candidate") -> None:
+        self.runner = runner
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.conn: Connection | None = None  # replies
+        self._out: Connection | None = None  # requests
+        self.job: tuple | None = None  # sent first to every new process
+
+    def _start(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        quiet = None if knobs.debug() else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tcdsl.tuner.worker", str(to_child_r), str(to_parent_w), self.runner],
+            pass_fds=(to_child_r, to_parent_w), env=env, stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet)
+        os.close(to_child_r)
+        os.close(to_parent_w)
+        self._out = Connection(to_child_w, readable=False)
+        self.conn = Connection(to_parent_r, writable=False)
+        if self.job is not None:
+            self._out.send(self.job)
+
+    def set_job(self, job: tuple) -> None:
+        self.job = job
+        self.stop()  # the next request starts a process that gets the job first
+
+    def send(self, msg: tuple) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self._start()
+        assert self._out is not None
+        self._out.send(msg)
+
+    def receive(self, timeout: float) -> tuple:
+        """The reply, or ("error", why) after a crash or the timeout (the process is then replaced).
+        The job's acknowledgement, when a new process got one, is read first."""
+        assert self.conn is not None and self.proc is not None
+        deadline = time.monotonic() + timeout
+        try:
+            while self.conn.poll(max(0.0, deadline - time.monotonic())):
+                reply = self.conn.recv()
+                if reply != ("ok", "job"):
+                    return reply  # type: ignore[no-any-return]
+            why = f"timed out after {timeout:g} s"
+        except (EOFError, OSError):
+            self.proc.wait(5)
+            why = f"worker died ({_exit_reason(self.proc.returncode)})"
+        self.stop()
+        return ("error", why)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(5)
+        for c in (self.conn, self._out):
+            if c is not None:
+                c.close()
+        self.proc, self.conn, self._out = None, None, None
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+# ---- the evaluator ---------------------------------------------------------------------------------
+
+@dataclass
+class Evaluator:
+    """Scores candidate options of one kernel on fixed inputs (see the module docstring)."""
+
+    source: str
+    inputs: list[np.ndarray]
+    reference: list[np.ndarray]  # the interpreter's outputs on ``inputs``
+    executor: Executor | None = None
+    compile_timeout_s: float = 300.0
+    run_timeout_s: float = 60.0
+    reps: int = 5
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    runner: str = "tcdsl.tuner.evaluate:time_candidate"  # "module:function" timing one candidate
+    log: Callable[[str], None] = lambda _msg: None
+    best: float = math.inf
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
+
+    def __post_init__(self) -> None:
+        self._timer = Worker(self.runner)
+        self._timer.set_job(("job", self.source, self.inputs, self.reps))
+        self._compilers: list[Worker] = []
+        self.specs = [ArgSpec.of(a) for a in self.inputs]
+
+    def close(self) -> None:
+        for w in [self._timer, *self._compilers]:
+            w.stop()
+
+    def __call__(self, candidates: Sequence[MappingOptions]) -> list[float]:
+        texts = [o.to_json() for o in candidates]
+        errors = self._compile_all(texts)
+        costs = []
+        for text, err in zip(texts, errors):
+            costs.append(math.inf if err else self._time(text))
+            if err:
+                self._reject(text, f"compile: {err}")
+        return costs
+
+    def _reject(self, text: str, why: str) -> None:
+        self.rejected.append((text, why))
+        self.log(f"invalid candidate {text}: {why.splitlines()[0] if why else ''}")
+
+    def _compile_all(self, texts: list[str]) -> list[str | None]:
+        if self.executor is not None:
+            futures = [self.executor.submit(compile_candidate, self.source, self.specs, t) for t in texts]
+            out: list[str | None] = []
+            for f in futures:
+                try:
+                    out.append(f.result(timeout=self.compile_timeout_s))
+                except Exception as e:
+                    out.append(f"{type(e).__name__}: {e}")
+            return out
+        while len(self._compilers) < max(1, self.jobs):
+            self._compilers.append(Worker())
+        results: list[str | None] = [None] * len(texts)
+        pending = list(range(len(texts)))
+        busy: dict[int, tuple[Worker, int, float]] = {}  # fileno -> (worker, task, started)
+        idle = list(self._compilers)
+        while pending or busy:
+            while pending and idle:
+                w, i = idle.pop(), pending.pop(0)
+                w.send(("compile", self.source, self.specs, texts[i]))
+                assert w.conn is not None
+                busy[w.conn.fileno()] = (w, i, time.monotonic())
+            conns = [w.conn for w, _, _ in busy.values() if w.conn is not None]
+            ready = wait(conns, timeout=1.0)
+            now = time.monotonic()
+            for fd, (w, i, t0) in list(busy.items()):
+                if w.conn in ready:
+                    reply = w.receive(0)
+                elif now - t0 > self.compile_timeout_s:
+                    w.stop()
+                    reply = ("error", f"compile timed out after {self.compile_timeout_s:g} s")
+                else:
+                    continue
+                results[i] = None if reply[0] == "ok" else reply[1]
+                del busy[fd]
+                idle.append(w)
+        return results
+
+    def _time(self, text: str) -> float:
+        self._timer.send(("time", text, False))
+        reply = self._timer.receive(self.run_timeout_s)
+        if reply[0] != "ok":
+            self._reject(text, f"run: {reply[1]}")
+            return math.inf
+        t = float(reply[1])
+        if t < self.best:  # a new best is checked before it counts
+            why = self._check(text)
+            if why:
+                self._reject(text, why)
+                return math.inf
+            self.best = t
+        return t
+
+    def retime(self, candidates: Sequence[MappingOptions], rounds: int = 3) -> list[float]:
+        """Median over ``rounds`` interleaved timings of each candidate (inf where one fails): the
+        final comparison of the winner with the defaults, under the same load."""
+        texts = [o.to_json() for o in candidates]
+        samples: list[list[float]] = [[] for _ in texts]
+        for _ in range(rounds):
+            for i, text in enumerate(texts):
+                self._timer.send(("time", text, False))
+                reply = self._timer.receive(self.run_timeout_s)
+                samples[i].append(float(reply[1]) if reply[0] == "ok" else math.inf)
+        return [statistics.median(s) for s in samples]
+
+    def _check(self, text: str) -> str | None:
+        self._timer.send(("time", text, True))
+        reply = self._timer.receive(self.run_timeout_s)
+        if reply[0] != "ok":
+            return f"check run: {reply[1]}"
+        got = reply[2] if isinstance(reply[2], tuple) else (reply[2],)
+        return mismatch(got, self.reference)
+
+
+def mismatch(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> str | None:
+    """Why ``got`` differs from the reference outputs, or None."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return f"output {k}: shape {g.shape}, expected {w.shape}"
+        if w.dtype.kind in "fc":
+            finite = np.isfinite(w)
+            if not np.array_equal(np.isnan(g), np.isnan(w)) or not np.array_equal(g[~finite & ~np.isnan(w)],
+                                                                                  w[~finite & ~np.isnan(w)]):
+                return f"output {k}: NaN or infinity where the reference differs"
+            scale = float(np.max(np.abs(w[finite]))) if finite.any() else 0.0
+            err = float(np.max(np.abs(g[finite].astype(np.float64) - w[finite]))) if finite.any() else 0.0
+            if not err <= RTOL * (scale or 1.0):
+                return f"output {k}: wrong result (max error {err:.3g}, scale {scale:.3g})"
+        elif not np.array_equal(g, w):
+            return f"output {k}: wrong result ({int(np.sum(g != w))} elements differ)"
+    return None

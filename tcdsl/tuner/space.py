@@ -1,0 +1,133 @@
+"""The tuner's search space: ``CheckedDef`` + sizes -> ``Space`` of genes, and genome <-> ``MappingOptions``.
+
+For the C backend a genome chooses the fusion strategy, whether the tiles come from the default
+heuristic or from the genome (tile sizes per band member, register tiles, a point-loop order),
+vectorisation, the parallel loop's depth and the unroll limit. Genomes that cannot run well are
+pruned before compiling (``prune``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from tcdsl import dtypes as T
+from tcdsl.affine import Sym
+from tcdsl.checked import CheckedDef
+from tcdsl.options import FUSION, MappingOptions
+from tcdsl.sema import BUILTINS
+
+from .genetic import Gene, Genome, Space
+
+TILE_SIZES = (0, 4, 8, 16, 32, 48, 64, 128, 256, 512, 1024)  # 0: the member stays untiled
+REGISTER_SIZES = (1, 2, 4, 6, 8, 16, 32, 64)
+UNROLL = (0, 4, 8, 16)
+MAX_ACCUMULATORS = 1024  # register-tile elements (a product of factors) beyond which the tile spills
+MAX_ORDERS = 24  # all point orders up to 4 members, else each member moved innermost
+
+
+def depth(checked: CheckedDef) -> int:
+    """The deepest loop nest of the def: the most indices any statement runs over."""
+    return max((len(s.lhs) + len(s.reductions) for s in checked.stmts), default=0)
+
+
+def extents(checked: CheckedDef, sizes: dict[str, int]) -> list[int]:
+    """Per loop level, the largest extent a statement has there (for tile choices)."""
+    n = depth(checked)
+    best = [1] * n
+    env = {k: Sym.of(v) for k, v in sizes.items()}
+    for s in checked.stmts:
+        for level, r in enumerate(s.ranges):
+            lo, hi = r.lo.subs(env), r.hi.subs(env)
+            if not lo.terms and not hi.terms:  # ranges with floor divisions etc. keep the default
+                best[level] = max(best[level], int(hi.const) - int(lo.const))
+    return best
+
+
+def orders(n: int) -> list[tuple[int, ...] | None]:
+    """Point-loop orders to try: None (the heuristic's), then permutations of ``n`` members."""
+    if n <= 1:
+        return [None]
+    perms = list(itertools.permutations(range(n)))
+    if len(perms) > MAX_ORDERS:
+        perms = [tuple([*(j for j in range(n) if j != i), i]) for i in range(n)]
+    return [None, *perms]
+
+
+def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
+    """The genes of the C backend for ``checked`` at ``sizes``."""
+    ext = extents(checked, sizes)
+    genes = [Gene("fusion", (None, *FUSION)), Gene("tiles", ("default", "explicit"))]
+    for level, e in enumerate(ext):
+        genes.append(Gene(f"tile{level}", tuple(t for t in TILE_SIZES if t < e or t == 0)))
+    for level, e in enumerate(ext):
+        genes.append(Gene(f"register{level}", tuple(r for r in REGISTER_SIZES if r <= max(e, 1))))
+    genes += [Gene("order", tuple(orders(len(ext)))),
+              Gene("vectorize", (True, False)),
+              Gene("parallel_depth", tuple(range(min(3, max(len(ext), 1))))),
+              Gene("unroll", UNROLL)]
+    return Space(tuple(genes))
+
+
+def to_options(space: Space, genome: Genome) -> MappingOptions:
+    v = space.decode(genome)
+    n = sum(1 for g in space.genes if g.name.startswith("tile") and g.name != "tiles")
+    explicit = v["tiles"] == "explicit"
+    return MappingOptions(
+        fusion=v["fusion"],
+        tile=tuple(v[f"tile{i}"] for i in range(n)) if explicit else None,
+        register_tile=tuple(v[f"register{i}"] for i in range(n)) if explicit else None,
+        point_order=tuple(v["order"]) if explicit and v["order"] is not None else None,
+        vectorize=v["vectorize"], parallel_depth=v["parallel_depth"], unroll=v["unroll"])
+
+
+def from_options(space: Space, options: MappingOptions) -> Genome | None:
+    """The genome of ``options``, or None where the space has no such choice."""
+    n = sum(1 for g in space.genes if g.name.startswith("tile") and g.name != "tiles")
+    explicit = options.tile is not None or options.register_tile is not None or options.point_order is not None
+    tile = list(options.tile or ())[:n] + [0] * max(0, n - len(options.tile or ()))
+    reg = list(options.register_tile or ())[:n] + [1] * max(0, n - len(options.register_tile or ()))
+    values: dict[str, Any] = {"fusion": options.fusion, "tiles": "explicit" if explicit else "default",
+                              "order": options.point_order if explicit else None, "vectorize": options.vectorize,
+                              "parallel_depth": options.parallel_depth, "unroll": options.unroll}
+    for i in range(n):
+        values[f"tile{i}"] = tile[i] if explicit else 0
+        values[f"register{i}"] = reg[i] if explicit else 1
+    try:
+        return space.encode(values)
+    except ValueError:
+        return None
+
+
+def prune(space: Space, genome: Genome) -> str | None:
+    """Why ``genome`` is not worth compiling, or None. Register tiles beyond the registers spill,
+    and with tiles from the genome the same choices under another order of genes repeat."""
+    v = space.decode(genome)
+    if v["tiles"] == "explicit":
+        regs = [v[g.name] for g in space.genes if g.name.startswith("register")]
+        acc = 1
+        for r in regs:
+            acc *= r
+        if acc > MAX_ACCUMULATORS:
+            return f"register tile of {acc} elements"
+    return None
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEEP = set(BUILTINS) | set(T.TYPE_NAMES) | {"def", "where", "in"}
+
+
+def canonical_text(checked: CheckedDef) -> str:
+    """The def's text with its own names (def, tensors, sizes, indices) renamed in order of first
+    appearance: two defs that differ only in names give the same text (the tuning cache's key)."""
+    text = "\n".join(line for line in str(checked).splitlines() if not line.lstrip().startswith("#"))
+    names: dict[str, str] = {}
+
+    def rename(m: re.Match[str]) -> str:
+        word = m.group(0)
+        if word in _KEEP:
+            return word
+        return names.setdefault(word, f"v{len(names)}")
+
+    return _IDENT.sub(rename, text)

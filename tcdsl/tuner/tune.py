@@ -1,0 +1,209 @@
+"""The tuning driver: (kernel, arrays, settings) -> ``TuneResult``, the best ``MappingOptions`` found.
+
+It builds the search space of the def at these sizes, seeds the genetic search with the default
+options and with cached results of the same def, evaluates candidates safely (``evaluate``),
+checkpoints the population after each generation and stores the best in the tuning cache, from
+which later calls of the kernel pick it up (``tuned_options``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import platform
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tcdsl.options import MappingOptions
+
+from . import space as S
+from .cache import TuneKey, TuningCache
+from .evaluate import Evaluator
+from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
+
+
+@dataclass
+class TuneResult:
+    """What a search found: the best options and time, the defaults' time, the history."""
+
+    options: MappingOptions
+    time_s: float
+    default_time_s: float
+    generations: list[Generation]
+    evaluations: int
+    invalid: int
+    stopped: str
+    key: TuneKey
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_time_s / self.time_s if self.time_s > 0 else math.inf
+
+    def explain(self) -> str:
+        """The winning options and how they differ from the defaults."""
+        base, best = json.loads(MappingOptions().to_json()), json.loads(self.options.to_json())
+        diff = [f"  {k}: {base[k]!r} -> {best[k]!r}" for k in sorted(best) if best[k] != base[k]]
+        lines = [f"best {self.time_s * 1e3:.3f} ms, defaults {self.default_time_s * 1e3:.3f} ms "
+                 f"({self.speedup:.2f}x), {self.evaluations} candidates evaluated, {self.invalid} invalid, "
+                 f"stopped by {self.stopped}",
+                 "differs from the defaults in:" if diff else "the defaults won", *diff]
+        return "\n".join(lines)
+
+    def plot(self, ax: Any = None) -> Any:
+        """Best and median time per generation (matplotlib); returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots()
+        gens = [g.number for g in self.generations]
+        ax.plot(gens, [g.best_cost * 1e3 for g in self.generations], marker="o", label="best")
+        ax.plot(gens, [g.median_cost * 1e3 if math.isfinite(g.median_cost) else float("nan")
+                       for g in self.generations], marker=".", label="median")
+        ax.set_xlabel("generation")
+        ax.set_ylabel("time (ms)")
+        ax.legend()
+        return ax
+
+
+@functools.cache
+def machine() -> tuple[str, str]:
+    """(device name, architecture) of this CPU, for the tuning cache's key."""
+    name = platform.processor() or "cpu"
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("cpu", "", platform.machine()):
+                    name = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = "-".join(x for x in ("avx2", "avx512f", "fma") if x in have)
+                    break
+    except OSError:
+        pass
+    return name, f"{platform.machine()}{'-' + flags if flags else ''}"
+
+
+def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> TuneKey:
+    from tcdsl import __version__
+    from tcdsl.codegen import toolchain
+
+    device, arch = machine()
+    return TuneKey(tc=S.canonical_text(kernel.checked), entry=kernel.checked.name,
+                   shapes=tuple(tuple(a.shape) for a in arrays), dtypes=tuple(a.dtype.str for a in arrays),
+                   strides=tuple(tuple(s // a.itemsize for s in a.strides) for a in arrays),
+                   backend=backend, device=device, arch=arch,
+                   compiler=toolchain.compiler_version(tuple(toolchain.compiler())), version=__version__)
+
+
+def tuned_options(kernel: Any, arrays: Sequence[np.ndarray], cache: TuningCache | None = None) -> MappingOptions | None:
+    """The options a past search stored for this kernel and these arguments, if any."""
+    entry = (cache or TuningCache()).best(key_for(kernel, arrays))
+    return MappingOptions.from_json(entry.options) if entry is not None else None
+
+
+def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25, population: int = 100,
+             crossover: float = 0.8, mutation: float = 0.07, elites: int = 10, patience: int | None = 5,
+             budget: float | None = None, seed: int | None = None, resume: bool = False,
+             executor: Executor | None = None, cache: TuningCache | None = None, progress: bool = True,
+             reps: int = 5, run_timeout: float = 60.0, compile_timeout: float = 300.0,
+             runner: str = "tcdsl.tuner.evaluate:time_candidate") -> TuneResult:
+    """Search mapping options for ``kernel`` on ``arrays`` (C backend); see the module docstring."""
+    cache = cache or TuningCache()
+    checked = kernel.checked
+    inst = kernel.instance(*arrays)
+    space = S.space_for(checked, dict(inst.sizes))
+    key = key_for(kernel, arrays)
+    config = GAConfig(generations=generations, population=population, crossover=crossover, mutation=mutation,
+                      elites=min(elites, population - 1), patience=patience, budget_s=budget, seed=seed)
+    reference = kernel(*arrays, backend="numpy")
+    reference = list(reference) if isinstance(reference, tuple) else [reference]
+    evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
+                          run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner)
+    evaluate = _pruned(space, evaluator)
+    seeds = _seeds(space, cache, key)
+    bar = _Progress(config.generations, progress)
+
+    def on_generation(g: Generation, search: GeneticSearch) -> None:
+        cache.save_checkpoint(key, search.state())
+        bar.update(g)
+
+    try:
+        state = cache.load_checkpoint(key) if resume else None
+        search = (GeneticSearch.from_state(space, evaluate, config, state) if state is not None
+                  else GeneticSearch(space, evaluate, config, seeds))
+        result = search.run(on_generation)
+        bar.close()  # before the final timings, which print nothing
+        return _finish(result, space, key, cache, evaluator)
+    finally:
+        bar.close()
+        evaluator.close()
+
+
+def _pruned(space: S.Space, evaluator: Evaluator) -> Any:
+    def evaluate(genomes: list[S.Genome]) -> list[float]:
+        keep = [g for g in genomes if S.prune(space, g) is None]
+        costs = dict(zip(keep, evaluator([S.to_options(space, g) for g in keep]))) if keep else {}
+        return [costs.get(g, math.inf) for g in genomes]
+    return evaluate
+
+
+def _seeds(space: S.Space, cache: TuningCache, key: TuneKey) -> list[S.Genome]:
+    """The defaults first, then the best options cached for this def at other sizes."""
+    seeds = [S.from_options(space, MappingOptions())]
+    for entry in cache.related(key.tc, key.entry, key.backend)[:10]:
+        seeds.append(S.from_options(space, MappingOptions.from_json(entry.options)))
+    return list(dict.fromkeys(g for g in seeds if g is not None))
+
+
+def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCache,
+            evaluator: Evaluator) -> TuneResult:
+    default = S.from_options(space, MappingOptions())
+    default_time = result.costs.get(default, math.inf) if default is not None else math.inf
+    invalid = sum(1 for c in result.costs.values() if not math.isfinite(c))
+    if result.best is None or not math.isfinite(result.best_cost):
+        best, best_time = MappingOptions(), default_time
+    else:
+        best, best_time = S.to_options(space, result.best), result.best_cost
+        if best != MappingOptions() and result.stopped != "interrupted":  # the two side by side, once more
+            again_default, again_best = evaluator.retime([MappingOptions(), best])
+            if math.isfinite(again_best):
+                default_time, best_time = again_default, again_best
+        history = [{"generation": g.number, "best": g.best_cost, "median": g.median_cost if math.isfinite(
+            g.median_cost) else None, "evaluated": g.evaluated, "invalid": g.invalid} for g in result.generations]
+        cache.record(key, best.to_json(), best_time, result.evaluations, history)
+    if result.stopped != "interrupted":
+        cache.clear_checkpoint(key)
+    return TuneResult(best, best_time, default_time, result.generations, result.evaluations, invalid,
+                      result.stopped, key, list(evaluator.rejected))
+
+
+class _Progress:
+    """A tqdm bar over generations (terminal or Jupyter), silent without tqdm or when disabled."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc="tuning", unit="gen")
+            except ImportError:
+                pass
+
+    def update(self, g: Generation) -> None:
+        if self.bar is not None:
+            rate = g.evaluated / g.seconds if g.seconds > 0 else 0.0
+            best = f"{g.best_cost * 1e3:.3f} ms" if math.isfinite(g.best_cost) else "-"
+            self.bar.set_postfix(best=best, cand_per_s=f"{rate:.1f}", invalid=g.invalid)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

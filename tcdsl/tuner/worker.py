@@ -1,0 +1,58 @@
+"""A tuning worker process: serves compile and timing requests of ``tcdsl.tuner.evaluate`` over
+two pipes (``python -m tcdsl.tuner.worker IN_FD OUT_FD RUNNER``); it never imports the user's
+script, and whatever a candidate does to it (a crash, a hang) ends here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from tcdsl.options import MappingOptions
+from tcdsl.tuner.evaluate import FLUSH_BYTES, compile_candidate
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
+    """Answer requests until the pipe closes: ("job", source, inputs, reps) -> ("ok", "job");
+    ("compile", source, specs, options) -> ("ok",) or ("error", why); ("time", options,
+    want_outputs) -> ("ok", seconds, outputs or None) or ("error", why). ``runner_path``
+    ("module:function", with ``time_candidate``'s signature) times a candidate."""
+    runner = _resolve(runner_path)
+    kernel: Any = None
+    inputs: list[np.ndarray] = []
+    reps = 5
+    flush = np.ones(FLUSH_BYTES // 8, np.int64)  # touched now: no page faults while timing
+    while True:
+        try:
+            msg = requests.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if msg[0] == "job":
+                from tcdsl.api import define
+
+                kernel, inputs, reps = define(msg[1]), msg[2], msg[3]
+                replies.send(("ok", "job"))
+            elif msg[0] == "compile":
+                err = compile_candidate(msg[1], msg[2], msg[3])
+                replies.send(("ok",) if err is None else ("error", err))
+            elif msg[0] == "time":
+                seconds, out = runner(kernel, inputs, MappingOptions.from_json(msg[1]), reps, flush)
+                replies.send(("ok", seconds, out if msg[2] else None))
+        except Exception as e:
+            replies.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False), sys.argv[3])

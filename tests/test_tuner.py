@@ -1,0 +1,175 @@
+"""The autotuner end to end: search space, safe evaluation (crashing, hanging, raising and wrong
+candidates), the driver with its cache, resume, the kernel API, Dask, and the CLI."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tuner_faults import HANG, RAISES, SEGFAULT, WRONG
+
+import tcdsl as tc
+from tcdsl.options import MappingOptions
+from tcdsl.tuner import space as S
+from tcdsl.tuner import tune as T
+from tcdsl.tuner.cache import TuningCache
+from tcdsl.tuner.evaluate import Evaluator
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+MM_RENAMED = "def mm(float(X,Y) P, float(Y,Z) Q) -> (R) { R(x,z) +=! P(x,y) * Q(y,z) }"
+SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
+    mx(n) max=! X(n,r_d)
+    e(n,d) = exp(X(n,d) - mx(n))
+    s(n) +=! e(n,r_d)
+    Y(n,d) = e(n,d) / s(n)
+}"""
+FAULTY = "tuner_faults:faulty_runner"
+
+
+def f32(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TuningCache:
+    monkeypatch.setenv("TCDSL_TUNING_DB", str(tmp_path / "tuning.sqlite"))
+    return TuningCache()
+
+
+# ---- search space ------------------------------------------------------------------------------
+
+def test_space_round_trips_options_and_prunes_spilling_register_tiles():
+    k = tc.define(MM)
+    space = S.space_for(k.checked, {"M": 64, "K": 48, "N": 200})
+    assert [g.name for g in space.genes][:5] == ["fusion", "tiles", "tile0", "tile1", "tile2"]
+    choices = dict((g.name, g.choices) for g in space.genes)
+    assert (max(choices["tile0"]), max(choices["tile1"]), max(choices["tile2"])) == (48, 128, 32)  # < m, n, k
+    for opts in (MappingOptions(), MappingOptions(fusion="min", tile=(32, 64, 16), register_tile=(4, 16, 1),
+                                                  point_order=(0, 2, 1), vectorize=False, parallel_depth=1,
+                                                  unroll=8)):
+        g = S.from_options(space, opts)
+        assert g is not None and S.to_options(space, g) == opts
+    assert S.from_options(space, MappingOptions(tile=(3, 3, 3))) is None  # not a choice of the space
+    spill = S.from_options(space, MappingOptions(tile=(32, 64, 16), register_tile=(32, 64, 1)))
+    assert spill is not None and "register tile of 2048" in (S.prune(space, spill) or "")
+
+
+def test_canonical_text_ignores_names_but_not_structure():
+    same = S.canonical_text(tc.define(MM).checked), S.canonical_text(tc.define(MM_RENAMED).checked)
+    assert same[0] == same[1]
+    other = "def mm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }"
+    assert S.canonical_text(tc.define(other).checked) != same[0]
+
+
+# ---- safe evaluation ---------------------------------------------------------------------------
+
+@pytest.mark.cpu
+def test_crashing_hanging_raising_and_wrong_candidates_are_scored_invalid():
+    k = tc.define(MM)
+    A, B = f32((64, 32)), f32((32, 48), 1)
+    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], runner=FAULTY, run_timeout_s=3.0)
+    try:
+        cands = [MappingOptions(), MappingOptions(unroll=SEGFAULT), MappingOptions(unroll=HANG),
+                 MappingOptions(unroll=RAISES), MappingOptions(unroll=WRONG), MappingOptions(tile=(16, 16, 16))]
+        costs = ev(cands)
+    finally:
+        ev.close()
+    assert math.isfinite(costs[0]) and math.isfinite(costs[5]) and costs[0] > 0
+    assert costs[1:5] == [math.inf] * 4
+    why = {MappingOptions.from_json(o).unroll: reason for o, reason in ev.rejected}
+    assert "SIGSEGV" in why[SEGFAULT] and "timed out after 3 s" in why[HANG]
+    assert "this candidate raises" in why[RAISES] and "wrong result" in why[WRONG]
+
+
+@pytest.mark.cpu
+def test_a_candidate_that_does_not_compile_is_invalid_and_the_rest_run():
+    k = tc.define(MM)
+    A, B = f32((16, 16)), f32((16, 16), 1)
+    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], jobs=2)
+    try:
+        costs = ev([MappingOptions(point_order=(0, 1, 2, 3, 4)), MappingOptions()])  # too many members
+    finally:
+        ev.close()
+    assert math.isfinite(costs[1]) and costs[1] > 0
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+@pytest.mark.cpu
+def test_autotune_stores_a_checked_best_that_later_calls_use(db: TuningCache):
+    k = tc.define(MM)
+    A, B = f32((96, 64)), f32((64, 80), 1)
+    result = k.autotune(A, B, generations=2, population=6, elites=2, seed=0, progress=False, runner=FAULTY,
+                        run_timeout=3.0)
+    assert math.isfinite(result.time_s) and result.time_s > 0 and result.evaluations >= 6
+    assert result.options.unroll not in (SEGFAULT, HANG, WRONG, RAISES)  # faulty ones never win
+    entry = db.best(T.key_for(k, [A, B]))
+    assert entry is not None and MappingOptions.from_json(entry.options) == result.options
+    assert len(db.history(T.key_for(k, [A, B]))) == len(result.generations)
+    # a new kernel of the same def with other names picks the tuned options up, and computes right
+    k2 = tc.define(MM_RENAMED)
+    assert k2._tuned_for([A, B]) == result.options
+    np.testing.assert_allclose(k2(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
+    assert k2._tuned_for([A, B[:, :40]]) is None  # other sizes: not tuned
+    assert "best" in result.explain() and f"{result.evaluations} candidates" in result.explain()
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    ax = result.plot()
+    assert [list(line.get_xdata()) for line in ax.lines] == [[0, 1], [0, 1]]
+    assert ax.lines[0].get_ydata()[-1] == pytest.approx(result.generations[-1].best_cost * 1e3)
+
+
+@pytest.mark.cpu
+def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monkeypatch: pytest.MonkeyPatch):
+    k = tc.define(SOFTMAX)
+    X = f32((64, 128))
+    calls = {"n": 0}
+    original = T._Progress.update
+
+    def interrupt_after_first(self: T._Progress, g: T.Generation) -> None:
+        original(self, g)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt  # Ctrl-C after generation 0 was checkpointed
+
+    monkeypatch.setattr(T._Progress, "update", interrupt_after_first)
+    first = k.autotune(X, generations=3, population=5, elites=1, seed=2, progress=False, patience=None)
+    assert first.stopped == "interrupted" and [g.number for g in first.generations] == [0]
+    key = T.key_for(k, [X])
+    assert db.load_checkpoint(key) is not None  # kept for the resume
+    assert db.best(key) is not None  # what was found is kept
+    rest = k.autotune(X, generations=3, population=5, elites=1, seed=2, progress=False, patience=None, resume=True)
+    assert rest.stopped == "generations" and [g.number for g in rest.generations] == [0, 1, 2]
+    assert db.load_checkpoint(key) is None
+    np.testing.assert_allclose(k(X), np.exp(X - X.max(1, keepdims=True)) / np.exp(X - X.max(1, keepdims=True)).sum(
+        1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cpu
+def test_search_runs_on_a_dask_cluster(db: TuningCache):
+    distributed = pytest.importorskip("distributed")
+    k = tc.define(MM)
+    A, B = f32((32, 32)), f32((32, 32), 1)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
+            as cluster, distributed.Client(cluster) as client:
+        result = tc.autotune(k, A, B, generations=1, population=4, elites=1, seed=5, progress=False,
+                             executor=client.get_executor())
+    assert math.isfinite(result.time_s) and result.evaluations == 4
+
+
+@pytest.mark.cpu
+def test_cli_tune_prints_and_stores_the_best(tmp_path: Path):
+    src = tmp_path / "mm.tc"
+    src.write_text(MM + "\n")
+    env = dict(os.environ, TCDSL_TUNING_DB=str(tmp_path / "t.sqlite"))
+    out = subprocess.run([sys.executable, "-m", "tcdsl", "tune", str(src), "--sizes", "M=32,K=16,N=24",
+                          "--generations", "1", "--population", "3", "--seed", "1"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    best = MappingOptions.from_json(out.stdout.strip().splitlines()[-1])
+    assert TuningCache(tmp_path / "t.sqlite").entries()[0].options == best.to_json()
