@@ -7,12 +7,15 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import tempfile
 import warnings
 
 import pytest
 
 # every schedule transformation is checked against the dependences in tests (see tcdsl/knobs.py)
 os.environ.setdefault("TCDSL_CHECK_SCHEDULE", "1")
+# kernels called in tests run their default options: a tuning cache of the user's is never read
+os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-tests-"), "tuning.sqlite")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
