@@ -42,9 +42,11 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -67,6 +69,8 @@ TRIAD_N = 32 << 20  # 32M float32 per array
 TRIAD_REPS = 20
 OUT = "tcdsl out="  # memory-bound kernels only: tcdsl writing into a preallocated output
 TRIAD = "triad"  # memory-bound kernels only: numpy's threaded triad, timed in the same rounds
+TUNED = "tcdsl tuned"  # with --tune: the options the autotuner found for this kernel
+COMPILED = "torch.compile"  # with --tune: maxpool's torch.compile contender (issue 5's maxpool target)
 
 # ----------------------------------------------------------------------------------------------
 # TC sources
@@ -218,6 +222,8 @@ class Result:
     rel_err: float | None = None
     status: str = "ok"  # ok | FAIL | ERROR
     note: str = ""
+    tuned: Any = None  # the TuneResult, with --tune
+    tune_s: float = 0.0  # wall time of the search
 
 
 def cases() -> list[Case]:
@@ -403,7 +409,7 @@ def quiesce(max_s: float = 1.0, step: float = 0.01) -> None:
 
 
 def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, Any], options: MappingOptions,
-             rounds_arg: int | None, triad: Triad | None = None) -> Result:
+             rounds_arg: int | None, triad: Triad | None = None, tune_s: float | None = None) -> Result:
     res = Result(case)
     arrays = [rng.standard_normal(s, dtype=F32) for s in case.input_shapes]
     want = case.numpy_fn(*arrays)
@@ -429,6 +435,8 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
             contenders[OUT] = lambda: kernel(*arrays, backend="c", options=options, out=out)
     if case.bytes_moved and triad is not None:  # the machine's bandwidth under the same load
         contenders[TRIAD] = triad.threaded
+    if tune_s and res.status == "ok":
+        tune_case(res, kernel, arrays, want, tune_s, contenders)
     contenders["numpy"] = lambda: case.numpy_fn(*arrays)
     if torch is not None:
         tensors = [torch.from_numpy(a) for a in arrays]
@@ -437,6 +445,10 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
         if not t_err <= RTOL:  # the references must agree, or the ratios mean nothing
             res.note += f" torch disagrees with numpy (rel err {t_err:.1e})"
         contenders["torch"] = lambda: torch_fn(*tensors)
+        if tune_s and case.name == "maxpool":
+            compiled = torch.compile(torch_fn)
+            compiled(*tensors)
+            contenders[COMPILED] = lambda: compiled(*tensors)
 
     # warm-up: each contender has made one call above (the checks); one more, timed, sizes the rounds
     est: dict[str, float] = {}
@@ -551,6 +563,64 @@ def triad_fraction(r: Result, times: dict[str, float]) -> float | None:
     return (r.case.bytes_moved / t) / (TRIAD_BYTES / tt)
 
 
+def tune_case(res: Result, kernel: Any, arrays: list[np.ndarray], want: np.ndarray, tune_s: float,
+              contenders: dict[str, Callable[[], Any]]) -> None:
+    """Autotune ``kernel`` for ``tune_s`` seconds; its best options join the contenders."""
+    t0 = time.perf_counter()
+    try:
+        res.tuned = kernel.autotune(*arrays, budget=tune_s, seed=0, progress=False)
+    except Exception as e:
+        res.note += f" tuning failed: {type(e).__name__}: {e}"
+        return
+    res.tune_s = time.perf_counter() - t0
+    opts = res.tuned.options
+    err = rel_err(kernel(*arrays, backend="c", options=opts), want)
+    if not err <= RTOL:
+        res.status = "FAIL"
+        res.note += f" tuned options give a wrong result (rel err {err:.1e})"
+        return
+    contenders[TUNED] = lambda: kernel(*arrays, backend="c", options=opts)
+
+
+def tuned_table(results: list[Result], tune_s: float) -> None:
+    rows = [r for r in results if r.tuned is not None]
+    if not rows:
+        return
+    print(f"## tuned (autotuner budget {tune_s:g} s per kernel, seed 0; medians of the same rounds)")
+    print()
+    print("| kernel | tuned ms | default ms | numpy ms | torch ms | numpy/tuned | torch/tuned | candidates | "
+          "search s | options changed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    base = json.loads(MappingOptions().to_json())
+    for r in rows:
+        t = r.times.get(TUNED)
+        best = json.loads(r.tuned.options.to_json())
+        diff = ", ".join(f"{k}={best[k]}" for k in sorted(best) if best[k] != base[k]) or "(defaults)"
+        print(f"| {r.case.name} | {fmt_ms(t)} | {fmt_ms(r.times.get('tcdsl'))} | {fmt_ms(r.times.get('numpy'))} | "
+              f"{fmt_ms(r.times.get('torch'))} | {fmt_ratio(ratio(r.times.get('numpy'), t))} | "
+              f"{fmt_ratio(ratio(r.times.get('torch'), t))} | {r.tuned.evaluations} | {r.tune_s:.0f} | {diff} |")
+    print()
+    by = {r.case.name: r for r in rows}
+    goals = [("matmul 1024^3 >= 0.7x numpy", "matmul_1024", "numpy", 0.7),
+             ("conv2d >= 0.7x torch eager", "conv2d", "torch", 0.7),
+             ("group conv >= 2x torch eager", "group_conv", "torch", 2.0),
+             ("FC + bias + relu >= 1.5x torch eager", "fc_relu", "torch", 1.5),
+             ("softmax >= 1.2x torch eager", "softmax", "torch", 1.2),
+             ("layernorm >= 1.2x torch eager", "layernorm", "torch", 1.2),
+             ("maxpool >= 1.0x torch.compile", "maxpool", COMPILED, 1.0)]
+    print("## targets after tuning (issue 5; medians, best-of in brackets)")
+    print()
+    for what, name, against, thr in goals:
+        r = by.get(name)
+        if r is None or TUNED not in r.times or against not in r.times:
+            print(f"- {what}: not run")
+            continue
+        x, xb = (ratio(t.get(against), t.get(TUNED)) for t in (r.times, r.best))
+        verdict = "met" if x is not None and x >= thr else "NOT met"
+        print(f"- {what}: {verdict} ({fmt_ratio(x)}; best-of {fmt_ratio(xb)})")
+    print()
+
+
 def targets(results: list[Result], have_torch: bool) -> None:
     by = {r.case.name: r for r in results}
     # (what, kernel, against, threshold)
@@ -586,7 +656,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 f"per kernel, {MIN_ROUNDS} to {MAX_ROUNDS})")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch column")
     ap.add_argument("--options", help="tcdsl MappingOptions as JSON, e.g. '{\"tile\": [32, 32, 32]}'")
+    ap.add_argument("--tune", type=float, metavar="SECONDS",
+                    help="also autotune each kernel for this long and time its best options ('tcdsl tuned'); "
+                         "the search uses a fresh tuning cache unless TCDSL_TUNING_DB is set")
     a = ap.parse_args(argv)
+    if a.tune and not os.environ.get("TCDSL_TUNING_DB"):  # each run searches from scratch
+        os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-bench-"), "tuning.sqlite")
     if a.rounds is not None and a.rounds < 1:
         ap.error("--rounds must be at least 1")
     try:
@@ -620,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     results = []
     for case in selected:
-        r = run_case(case, rng, torch, timpl, options, a.rounds, triad)
+        r = run_case(case, rng, torch, timpl, options, a.rounds, triad, a.tune)
         results.append(r)
         times = ", ".join(f"{k} {fmt_ms(v)} ms" for k, v in r.times.items())
         print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}: {r.status}, {r.rounds} rounds: {times}",
@@ -630,6 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     best_triad = triad_report(triad_before, measure_triad(torch, triad)) if triad is not None else 0.0
     bandwidth_table(results, best_triad)
     targets(results, torch is not None)
+    if a.tune:
+        tuned_table(results, a.tune)
     bad = [r.case.name for r in results if r.status != "ok"]
     print(f"load average at the end: {load_avg()} (on {os.cpu_count()} cores: other work on the machine slows every "
           "contender; the round-robin spreads it evenly but not away)")

@@ -31,6 +31,7 @@ from .polyhedral.treeprint import tree_text
 from .sema import check_def, check_module
 
 BACKENDS = ("c", "numpy")
+_UNSEEN = object()
 
 
 def default_backend() -> str:
@@ -68,6 +69,7 @@ class Kernel:
         self.name = checked.name
         self.backend = _check_backend(backend) if backend else None
         self.options = options or MappingOptions()
+        self._plain_options = self.options if self.options == MappingOptions() else None  # _tuned_for's fast path
         self._cache: dict[tuple, Instance] = {}
         self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
@@ -141,10 +143,11 @@ class Kernel:
     def _tuned_for(self, arrays: list[np.ndarray]) -> MappingOptions | None:
         """Options a past search stored for these arguments, when the kernel has none of its own
         (looked up once per argument layout; a kernel with explicit options ignores the cache)."""
-        if self.options != MappingOptions():
+        if self.options is not self._plain_options and self.options != MappingOptions():
             return None
-        key = tuple((a.shape, a.dtype.str, a.strides) for a in arrays)
-        if key not in self._tuned:
+        key = tuple((a.shape, a.strides, a.dtype) for a in arrays)
+        found = self._tuned.get(key, _UNSEEN)
+        if found is _UNSEEN:
             from .tuner.tune import tuned_options
 
             found = None
@@ -155,7 +158,7 @@ class Kernel:
                     found = None  # an unreadable cache never stops a call: the defaults run
             with self._lock:
                 self._tuned[key] = found
-        return self._tuned[key]
+        return found  # type: ignore[return-value]
 
     def autotune(self, *args: Any, **settings: Any) -> Any:
         """Search mapping options for these arguments (C backend), store the best in the tuning
@@ -165,7 +168,7 @@ class Kernel:
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
         result = autotune(self, arrays, **settings)
         with self._lock:
-            self._tuned[tuple((a.shape, a.dtype.str, a.strides) for a in arrays)] = result.options
+            self._tuned[tuple((a.shape, a.strides, a.dtype) for a in arrays)] = result.options
         return result
 
     def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:

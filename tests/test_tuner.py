@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,18 @@ def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monk
     assert db.load_checkpoint(key) is None
     np.testing.assert_allclose(k(X), np.exp(X - X.max(1, keepdims=True)) / np.exp(X - X.max(1, keepdims=True)).sum(
         1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cpu
+def test_the_budget_stops_the_search_within_a_generation(db: TuningCache):
+    k = tc.define(MM)
+    A, B = f32((48, 48)), f32((48, 48), 1)
+    t0 = time.monotonic()
+    result = k.autotune(A, B, generations=5, population=40, budget=2.0, seed=4, progress=False)
+    spent = time.monotonic() - t0
+    assert result.stopped == "budget" and 0 < result.evaluations < 40
+    assert spent < 2.0 + 15.0, spent  # one batch of candidates past the deadline, plus the final timings
+    assert math.isfinite(result.time_s)
 
 
 @pytest.mark.cpu

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import platform
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -126,7 +127,7 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner)
-    evaluate = _pruned(space, evaluator)
+    evaluate = _Evaluate(space, evaluator, budget)
     seeds = _seeds(space, cache, key)
     bar = _Progress(config.generations, progress)
 
@@ -140,18 +141,33 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
                   else GeneticSearch(space, evaluate, config, seeds))
         result = search.run(on_generation)
         bar.close()  # before the final timings, which print nothing
-        return _finish(result, space, key, cache, evaluator)
+        return _finish(result, space, key, cache, evaluator, evaluate.skipped)
     finally:
         bar.close()
         evaluator.close()
 
 
-def _pruned(space: S.Space, evaluator: Evaluator) -> Any:
-    def evaluate(genomes: list[S.Genome]) -> list[float]:
-        keep = [g for g in genomes if S.prune(space, g) is None]
-        costs = dict(zip(keep, evaluator([S.to_options(space, g) for g in keep]))) if keep else {}
+class _Evaluate:
+    """The search's cost function: pruned genomes are not compiled; once the budget's deadline
+    has passed, the rest of a generation is skipped (scored inf, counted apart from the invalid)."""
+
+    BATCH = 8  # candidates compiled together between deadline checks
+
+    def __init__(self, space: S.Space, evaluator: Evaluator, budget: float | None) -> None:
+        self.space, self.evaluator = space, evaluator
+        self.deadline = time.monotonic() + budget if budget is not None else math.inf
+        self.skipped: set[S.Genome] = set()
+
+    def __call__(self, genomes: list[S.Genome]) -> list[float]:
+        keep = [g for g in genomes if S.prune(self.space, g) is None]
+        costs: dict[S.Genome, float] = {}
+        for i in range(0, len(keep), self.BATCH):
+            batch = keep[i:i + self.BATCH]
+            if time.monotonic() >= self.deadline:
+                self.skipped.update(batch)
+                continue
+            costs.update(zip(batch, self.evaluator([S.to_options(self.space, g) for g in batch])))
         return [costs.get(g, math.inf) for g in genomes]
-    return evaluate
 
 
 def _seeds(space: S.Space, cache: TuningCache, key: TuneKey) -> list[S.Genome]:
@@ -162,11 +178,11 @@ def _seeds(space: S.Space, cache: TuningCache, key: TuneKey) -> list[S.Genome]:
     return list(dict.fromkeys(g for g in seeds if g is not None))
 
 
-def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCache,
-            evaluator: Evaluator) -> TuneResult:
+def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCache, evaluator: Evaluator,
+            skipped: set[S.Genome]) -> TuneResult:
     default = S.from_options(space, MappingOptions())
     default_time = result.costs.get(default, math.inf) if default is not None else math.inf
-    invalid = sum(1 for c in result.costs.values() if not math.isfinite(c))
+    invalid = sum(1 for g, c in result.costs.items() if not math.isfinite(c) and g not in skipped)
     if result.best is None or not math.isfinite(result.best_cost):
         best, best_time = MappingOptions(), default_time
     else:
@@ -175,13 +191,16 @@ def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCac
             again_default, again_best = evaluator.retime([MappingOptions(), best])
             if math.isfinite(again_best):
                 default_time, best_time = again_default, again_best
+            if again_default <= again_best:  # not faster side by side: within the noise of the search
+                best, best_time = MappingOptions(), again_default
         history = [{"generation": g.number, "best": g.best_cost, "median": g.median_cost if math.isfinite(
             g.median_cost) else None, "evaluated": g.evaluated, "invalid": g.invalid} for g in result.generations]
-        cache.record(key, best.to_json(), best_time, result.evaluations, history)
+        if math.isfinite(best_time):
+            cache.record(key, best.to_json(), best_time, result.evaluations, history)
     if result.stopped != "interrupted":
         cache.clear_checkpoint(key)
-    return TuneResult(best, best_time, default_time, result.generations, result.evaluations, invalid,
-                      result.stopped, key, list(evaluator.rejected))
+    return TuneResult(best, best_time, default_time, result.generations, result.evaluations - len(skipped),
+                      invalid, result.stopped, key, list(evaluator.rejected))
 
 
 class _Progress:
