@@ -50,6 +50,7 @@ def test_space_round_trips_options_and_prunes_spilling_register_tiles():
     assert [g.name for g in space.genes][:5] == ["fusion", "tiles", "tile0", "tile1", "tile2"]
     choices = dict((g.name, g.choices) for g in space.genes)
     assert (max(choices["tile0"]), max(choices["tile1"]), max(choices["tile2"])) == (48, 128, 32)  # < m, n, k
+    assert {0, 4, 8, 16, 32, 64, 128, 40, 50, 100} <= set(choices["tile1"])  # powers of two, divisors of 200
     for opts in (MappingOptions(), MappingOptions(fusion="min", tile=(32, 64, 16), register_tile=(4, 16, 1),
                                                   point_order=(0, 2, 1), vectorize=False, parallel_depth=1,
                                                   unroll=8)):

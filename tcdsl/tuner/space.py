@@ -45,6 +45,13 @@ def extents(checked: CheckedDef, sizes: dict[str, int]) -> list[int]:
     return best
 
 
+def tile_choices(extent: int) -> tuple[int, ...]:
+    """0 (untiled), the powers of two and usual sizes below ``extent``, and its divisors from 4 up
+    (tiles that divide the extent leave no partial tile)."""
+    divisors = {d for d in range(4, extent // 2 + 1) if extent % d == 0}
+    return tuple(sorted({t for t in TILE_SIZES if t < extent} | divisors | {0}))
+
+
 def orders(n: int) -> list[tuple[int, ...] | None]:
     """Point-loop orders to try: None (the heuristic's), then permutations of ``n`` members."""
     if n <= 1:
@@ -60,7 +67,7 @@ def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
     ext = extents(checked, sizes)
     genes = [Gene("fusion", (None, *FUSION)), Gene("tiles", ("default", "explicit"))]
     for level, e in enumerate(ext):
-        genes.append(Gene(f"tile{level}", tuple(t for t in TILE_SIZES if t < e or t == 0)))
+        genes.append(Gene(f"tile{level}", tile_choices(e)))
     for level, e in enumerate(ext):
         genes.append(Gene(f"register{level}", tuple(r for r in REGISTER_SIZES if r <= max(e, 1))))
     genes += [Gene("order", tuple(orders(len(ext)))),
