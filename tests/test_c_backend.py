@@ -1075,3 +1075,31 @@ def test_layout_leaves_other_statements_alone():
     assert laid is not None and "A_t2" in laid.tensors
     A, B, At = f32((5, 3)), f32((4, 3), 1), f32((3, 5), 2)
     np.testing.assert_allclose(k(A, B, At, backend="c"), A @ B.T, rtol=1e-5, atol=1e-6)
+
+
+# ---- small windows reduced into contiguous outputs -------------------------------------------------------
+
+POOL = """def pool(float(N,C,H,W) I) -> (O, A) {
+    O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) where r_kh in 0:2, r_kw in 0:2
+    A(n,c,h,w) +=! I(n,c,h + r_kh,w + r_kw) / 9.0 where r_kh in 0:3, r_kw in 0:3
+}"""
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("shape", [(2, 3, 56, 56), (1, 2, 9, 37), (3, 1, 5, 6)])
+def test_small_windows_vectorise_over_the_output_row_and_match_numpy(shape: tuple[int, ...]):
+    """Pooling windows (2x2, 3x3) go outside the output's contiguous loop, which is vectorised;
+    max pooling still propagates NaN, sums stay within rounding of numpy."""
+    k = tc.define(POOL)
+    I = f32(shape)
+    I[0, 0, 1, 3] = np.nan
+    n, c, h, w = shape
+    want_max = I[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    v = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))
+    want_avg = (v / 9.0).sum(axis=(4, 5))
+    got_max, got_avg = k(I, backend="c")
+    np.testing.assert_array_equal(got_max, want_max)  # NaN where a window holds one
+    np.testing.assert_allclose(got_avg, want_avg, rtol=1e-5, atol=1e-6)
+    if shape == (2, 3, 56, 56):
+        src = k.source(I)
+        assert "statement 1: a 28 register tile of O" in src, src  # the output row, 28 wide, across the window
