@@ -21,7 +21,7 @@ from .options import MappingOptions
 __version__ = "0.1.0"
 
 
-def autotune(kernel: Kernel, *args: object, **settings: object) -> object:
+def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: object) -> object:
     """``kernel.autotune(*args, **settings)``: search mapping options, store and use the best."""
     return kernel.autotune(*args, **settings)
 

@@ -306,6 +306,9 @@ class GenericKernel:
     def explain(self, *args: Any, **kw: Any) -> str:
         return self.kernel(*args).explain(*args, **kw)
 
+    def autotune(self, *args: Any, **settings: Any) -> Any:
+        return self.kernel(*args).autotune(*args, **settings)
+
 
 def _size_pattern(arrays: list[np.ndarray]) -> tuple:
     first: dict[int, int] = {}

@@ -153,6 +153,18 @@ def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monk
 
 
 @pytest.mark.cpu
+def test_short_form_kernels_tune_too(db: TuningCache):
+    @tc.define("C(i, j) +=! A(i, k) * B(k, j)")
+    def matmul(A, B): ...
+
+    A, B = f32((24, 16)), f32((16, 40), 1)
+    result = tc.autotune(matmul, A, B, generations=1, population=3, elites=1, seed=6, progress=False)
+    assert math.isfinite(result.time_s) and result.evaluations == 3
+    assert db.best(T.key_for(matmul.kernel(A, B), [A, B])) is not None
+    np.testing.assert_allclose(matmul(A, B), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cpu
 def test_the_budget_stops_the_search_within_a_generation(db: TuningCache):
     k = tc.define(MM)
     A, B = f32((48, 48)), f32((48, 48), 1)
