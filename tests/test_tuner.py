@@ -84,7 +84,8 @@ def test_crashing_hanging_raising_and_wrong_candidates_are_scored_invalid():
     assert math.isfinite(costs[0]) and math.isfinite(costs[5]) and costs[0] > 0
     assert costs[1:5] == [math.inf] * 4
     why = {MappingOptions.from_json(o).unroll: reason for o, reason in ev.rejected}
-    assert "SIGSEGV" in why[SEGFAULT] and "timed out after 3 s" in why[HANG]
+    assert "SIGSEGV" in why[SEGFAULT] and "timed out after" in why[HANG]
+    assert ev.timeout() == max(2.0, 20 * ev.best * 6) < 3.0  # once a best is known, slow ones stop sooner
     assert "this candidate raises" in why[RAISES] and "wrong result" in why[WRONG]
 
 

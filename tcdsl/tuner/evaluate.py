@@ -28,6 +28,8 @@ from tcdsl.options import MappingOptions
 
 FLUSH_BYTES = 64 << 20  # written between timed runs: more than the last-level cache
 RTOL = 1e-4  # max |candidate - reference| / max |reference| accepted for floating-point outputs
+SLOWER_THAN_BEST = 20  # a timing request may take this many times the best candidate's calls
+MIN_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -241,9 +243,16 @@ class Evaluator:
                 idle.append(w)
         return results
 
+    def timeout(self) -> float:
+        """Seconds one timing request may take: ``run_timeout_s``, or less once a best is known
+        (a candidate 20x slower than the best is not worth waiting for; never under 2 s)."""
+        if not math.isfinite(self.best):
+            return self.run_timeout_s
+        return min(self.run_timeout_s, max(MIN_TIMEOUT_S, SLOWER_THAN_BEST * self.best * (self.reps + 1)))
+
     def _time(self, text: str) -> float:
         self._timer.send(("time", text, False))
-        reply = self._timer.receive(self.run_timeout_s)
+        reply = self._timer.receive(self.timeout())
         if reply[0] != "ok":
             self._reject(text, f"run: {reply[1]}")
             return math.inf
