@@ -251,6 +251,11 @@ class Evaluator:
         return min(self.run_timeout_s, max(MIN_TIMEOUT_S, SLOWER_THAN_BEST * self.best * (self.reps + 1)))
 
     def _time(self, text: str) -> float:
+        self._timer.send(("prepare", text))  # lowering (isl) and loading count apart from the run
+        reply = self._timer.receive(self.compile_timeout_s)
+        if reply[0] != "ok":
+            self._reject(text, f"compile: {reply[1]}")
+            return math.inf
         self._timer.send(("time", text, False))
         reply = self._timer.receive(self.timeout())
         if reply[0] != "ok":

@@ -25,7 +25,8 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
     """Answer requests until the pipe closes: ("job", source, inputs, reps) -> ("ok", "job");
-    ("compile", source, specs, options) -> ("ok",) or ("error", why); ("time", options,
+    ("compile", source, specs, options) -> ("ok",) or ("error", why); ("prepare", options) -> the
+    same, for the job's kernel in this process; ("time", options,
     want_outputs) -> ("ok", seconds, outputs or None) or ("error", why). ``runner_path``
     ("module:function", with ``time_candidate``'s signature) times a candidate."""
     runner = _resolve(runner_path)
@@ -47,6 +48,9 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
             elif msg[0] == "compile":
                 err = compile_candidate(msg[1], msg[2], msg[3])
                 replies.send(("ok",) if err is None else ("error", err))
+            elif msg[0] == "prepare":  # lower and load the candidate before it is timed
+                kernel.compiled(*inputs, options=MappingOptions.from_json(msg[1]))
+                replies.send(("ok",))
             elif msg[0] == "time":
                 seconds, out = runner(kernel, inputs, MappingOptions.from_json(msg[1]), reps, flush)
                 replies.send(("ok", seconds, out if msg[2] else None))
