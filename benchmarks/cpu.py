@@ -409,7 +409,8 @@ def quiesce(max_s: float = 1.0, step: float = 0.01) -> None:
 
 
 def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, Any], options: MappingOptions,
-             rounds_arg: int | None, triad: Triad | None = None, tune_s: float | None = None) -> Result:
+             rounds_arg: int | None, triad: Triad | None = None, tune_s: float | None = None,
+             population: int = 100) -> Result:
     res = Result(case)
     arrays = [rng.standard_normal(s, dtype=F32) for s in case.input_shapes]
     want = case.numpy_fn(*arrays)
@@ -436,7 +437,7 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
     if case.bytes_moved and triad is not None:  # the machine's bandwidth under the same load
         contenders[TRIAD] = triad.threaded
     if tune_s and res.status == "ok":
-        tune_case(res, kernel, arrays, want, tune_s, contenders)
+        tune_case(res, kernel, arrays, want, tune_s, contenders, population)
     contenders["numpy"] = lambda: case.numpy_fn(*arrays)
     if torch is not None:
         tensors = [torch.from_numpy(a) for a in arrays]
@@ -564,11 +565,12 @@ def triad_fraction(r: Result, times: dict[str, float]) -> float | None:
 
 
 def tune_case(res: Result, kernel: Any, arrays: list[np.ndarray], want: np.ndarray, tune_s: float,
-              contenders: dict[str, Callable[[], Any]]) -> None:
+              contenders: dict[str, Callable[[], Any]], population: int = 100) -> None:
     """Autotune ``kernel`` for ``tune_s`` seconds; its best options join the contenders."""
     t0 = time.perf_counter()
     try:
-        res.tuned = kernel.autotune(*arrays, budget=tune_s, seed=0, progress=False)
+        res.tuned = kernel.autotune(*arrays, budget=tune_s, seed=0, progress=False, population=population,
+                                    elites=max(1, population // 10))
     except Exception as e:
         res.note += f" tuning failed: {type(e).__name__}: {e}"
         return
@@ -582,11 +584,12 @@ def tune_case(res: Result, kernel: Any, arrays: list[np.ndarray], want: np.ndarr
     contenders[TUNED] = lambda: kernel(*arrays, backend="c", options=opts)
 
 
-def tuned_table(results: list[Result], tune_s: float) -> None:
+def tuned_table(results: list[Result], tune_s: float, population: int) -> None:
     rows = [r for r in results if r.tuned is not None]
     if not rows:
         return
-    print(f"## tuned (autotuner budget {tune_s:g} s per kernel, seed 0; medians of the same rounds)")
+    print(f"## tuned (autotuner budget {tune_s:g} s per kernel, seed 0, population {population}; "
+          "medians of the same rounds)")
     print()
     print("| kernel | tuned ms | default ms | numpy ms | torch ms | numpy/tuned | torch/tuned | candidates | "
           "search s | options changed |")
@@ -659,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tune", type=float, metavar="SECONDS",
                     help="also autotune each kernel for this long and time its best options ('tcdsl tuned'); "
                          "the search uses a fresh tuning cache unless TCDSL_TUNING_DB is set")
+    ap.add_argument("--population", type=int, default=100, help="the search's population with --tune (default 100)")
     a = ap.parse_args(argv)
     if a.tune and not os.environ.get("TCDSL_TUNING_DB"):  # each run searches from scratch
         os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-bench-"), "tuning.sqlite")
@@ -695,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     results = []
     for case in selected:
-        r = run_case(case, rng, torch, timpl, options, a.rounds, triad, a.tune)
+        r = run_case(case, rng, torch, timpl, options, a.rounds, triad, a.tune, a.population)
         results.append(r)
         times = ", ".join(f"{k} {fmt_ms(v)} ms" for k, v in r.times.items())
         print(f"[{time.perf_counter() - t_start:6.1f} s] {case.name}: {r.status}, {r.rounds} rounds: {times}",
@@ -706,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bandwidth_table(results, best_triad)
     targets(results, torch is not None)
     if a.tune:
-        tuned_table(results, a.tune)
+        tuned_table(results, a.tune, a.population)
     bad = [r.case.name for r in results if r.status != "ok"]
     print(f"load average at the end: {load_avg()} (on {os.cpu_count()} cores: other work on the machine slows every "
           "contender; the round-robin spreads it evenly but not away)")
