@@ -1,4 +1,5 @@
-"""The ``tcdsl`` command line: ``tcdsl check FILE.tc`` prints each def checked, with its ranges.
+"""The ``tcdsl`` command line: ``check`` prints each def checked, with its ranges; ``compile`` prints
+the generated C, the schedule or the explanation; ``tune`` searches and stores mapping options.
 
 Errors are printed located (file:line:col, the source line, a caret) with exit status 1.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,9 +50,9 @@ def _arguments(checked, sizes: dict[str, int]) -> list[np.ndarray]:
     return arrays
 
 
-def _compile(args: argparse.Namespace) -> int:
+def _entry(args: argparse.Namespace) -> Any:
+    """The kernel of the def named by --entry (or the file's only def)."""
     from .api import Kernel
-    from .options import MappingOptions
 
     module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
     defs = {d.name.name: d for d in module.defs}
@@ -58,7 +60,13 @@ def _compile(args: argparse.Namespace) -> int:
         args.entry = next(iter(defs))
     if args.entry not in defs:
         raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
-    kernel = Kernel(check_def(defs[args.entry]))
+    return Kernel(check_def(defs[args.entry]))
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from .options import MappingOptions
+
+    kernel = _entry(args)
     options = MappingOptions.from_json(args.options) if args.options else MappingOptions()
     arrays = _arguments(kernel.checked, args.sizes)
     if args.emit == "c":
@@ -71,17 +79,9 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .api import Kernel
-
-    module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
-    defs = {d.name.name: d for d in module.defs}
-    if args.entry is None and len(defs) == 1:
-        args.entry = next(iter(defs))
-    if args.entry not in defs:
-        raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
     if args.backend != "c":
         raise TcArgumentError(f"tuning for backend {args.backend!r} is not available: only 'c'")
-    kernel = Kernel(check_def(defs[args.entry]))
+    kernel = _entry(args)
     rng = np.random.default_rng(args.seed or 0)
     arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
     result = kernel.autotune(*arrays, generations=args.generations, population=args.population,

@@ -200,3 +200,18 @@ def test_cli_tune_prints_and_stores_the_best(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     best = MappingOptions.from_json(out.stdout.strip().splitlines()[-1])
     assert TuningCache(tmp_path / "t.sqlite").entries()[0].options == best.to_json()
+
+
+def test_cli_names_the_defs_when_the_entry_is_missing_or_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from tcdsl.cli import main
+
+    src = tmp_path / "two.tc"
+    src.write_text(MM + "\n" + SOFTMAX + "\n")
+    for command in ("compile", "tune"):
+        assert main([command, str(src), "--sizes", "M=4,K=4,N=4"]) == 1
+        err = capsys.readouterr().err
+        assert f"--entry must name one of the defs in {src}: mm, softmax" in err, err
+    assert main(["tune", str(src), "--entry", "mm", "--backend", "cuda"]) == 1
+    assert "only 'c'" in capsys.readouterr().err
+    assert main(["compile", str(src), "--entry", "mm", "--sizes", "M=4,K=4,N=4", "--emit", "c"]) == 0
+    assert "int tc_kernel(" in capsys.readouterr().out
