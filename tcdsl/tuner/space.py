@@ -9,6 +9,7 @@ pruned before compiling (``prune``).
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any
 
@@ -77,9 +78,14 @@ def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
     return Space(tuple(genes))
 
 
+def _levels(space: Space) -> int:
+    """Loop levels the space has tile and register genes for."""
+    return sum(1 for g in space.genes if g.name.startswith("register"))
+
+
 def to_options(space: Space, genome: Genome) -> MappingOptions:
     v = space.decode(genome)
-    n = sum(1 for g in space.genes if g.name.startswith("tile") and g.name != "tiles")
+    n = _levels(space)
     explicit = v["tiles"] == "explicit"
     return MappingOptions(
         fusion=v["fusion"],
@@ -91,16 +97,15 @@ def to_options(space: Space, genome: Genome) -> MappingOptions:
 
 def from_options(space: Space, options: MappingOptions) -> Genome | None:
     """The genome of ``options``, or None where the space has no such choice."""
-    n = sum(1 for g in space.genes if g.name.startswith("tile") and g.name != "tiles")
+    n = _levels(space)
     explicit = options.tile is not None or options.register_tile is not None or options.point_order is not None
-    tile = list(options.tile or ())[:n] + [0] * max(0, n - len(options.tile or ()))
-    reg = list(options.register_tile or ())[:n] + [1] * max(0, n - len(options.register_tile or ()))
+    tile = (list(options.tile or ()) + [0] * n)[:n] if explicit else [0] * n
+    reg = (list(options.register_tile or ()) + [1] * n)[:n] if explicit else [1] * n
     values: dict[str, Any] = {"fusion": options.fusion, "tiles": "explicit" if explicit else "default",
                               "order": options.point_order if explicit else None, "vectorize": options.vectorize,
                               "parallel_depth": options.parallel_depth, "unroll": options.unroll}
-    for i in range(n):
-        values[f"tile{i}"] = tile[i] if explicit else 0
-        values[f"register{i}"] = reg[i] if explicit else 1
+    values.update({f"tile{i}": tile[i] for i in range(n)})
+    values.update({f"register{i}": reg[i] for i in range(n)})
     try:
         return space.encode(values)
     except ValueError:
@@ -108,14 +113,10 @@ def from_options(space: Space, options: MappingOptions) -> Genome | None:
 
 
 def prune(space: Space, genome: Genome) -> str | None:
-    """Why ``genome`` is not worth compiling, or None. Register tiles beyond the registers spill,
-    and with tiles from the genome the same choices under another order of genes repeat."""
+    """Why ``genome`` is not worth compiling, or None: a register tile beyond the registers spills."""
     v = space.decode(genome)
     if v["tiles"] == "explicit":
-        regs = [v[g.name] for g in space.genes if g.name.startswith("register")]
-        acc = 1
-        for r in regs:
-            acc *= r
+        acc = math.prod(v[f"register{i}"] for i in range(_levels(space)))
         if acc > MAX_ACCUMULATORS:
             return f"register tile of {acc} elements"
     return None

@@ -74,21 +74,20 @@ class TuneResult:
 
 @functools.cache
 def machine() -> tuple[str, str]:
-    """(device name, architecture) of this CPU, for the tuning cache's key."""
-    name = platform.processor() or "cpu"
-    flags = ""
+    """(device name, architecture) of this CPU, for the tuning cache's key: the model name and the
+    vector extensions from /proc/cpuinfo where it exists."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and name in ("cpu", "", platform.machine()):
-                    name = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    flags = "-".join(x for x in ("avx2", "avx512f", "fma") if x in have)
-                    break
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return name, f"{platform.machine()}{'-' + flags if flags else ''}"
+    name = info.get("model name") or platform.processor() or platform.machine()
+    have = set(info.get("flags", "").split())
+    flags = "".join(f"-{x}" for x in ("avx2", "avx512f", "fma") if x in have)
+    return name, platform.machine() + flags
 
 
 def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> TuneKey:
