@@ -50,6 +50,9 @@ class LFor(LNode):
     omp: bool = False  # run it with `omp parallel for`
     simd: bool = False  # innermost and parallel: vectorise it
     note: str = ""  # for a loop that carries a dependence: one dependence it carries (a witness)
+    mapped: str = ""  # GPU: "block" or "thread" when the loop's iterations are spread over ids
+    dim: int = 0  # GPU: the grid or block dimension (0 is x)
+    count: int = 0  # GPU: how many blocks or threads share the iterations (cyclically)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,33 @@ class LIf(LNode):
 class LCall(LNode):
     stmt: str  # the scop statement name (init<n> or S<n>)
     args: tuple[LExpr, ...]  # one expression per statement index
+    site: int = -1  # GPU: which AST site the call is (its instance -> loop iterators map)
+
+
+@dataclass(frozen=True)
+class LMark(LNode):
+    """GPU: a schedule-tree mark kept in the loop IR (``gpu_kernel`` above a kernel's tile loops,
+    ``gpu_point`` above its point loops); removed by the mapping."""
+
+    name: str
+    body: tuple[LNode, ...]
+
+
+@dataclass(frozen=True)
+class LSync(LNode):
+    """GPU: a barrier across the threads of a block."""
+
+
+@dataclass(frozen=True)
+class LCopy(LNode):
+    """GPU: the block's threads copy a box of ``tensor`` into the shared buffer ``buffer``; the box
+    starts at ``offsets`` (expressions of the enclosing loops) and has ``sizes`` elements per dim."""
+
+    buffer: str
+    tensor: str
+    offsets: tuple[LExpr, ...]
+    sizes: tuple[int, ...]
+    body: tuple[LNode, ...]  # the loops that read the copy
 
 
 @dataclass(frozen=True)
@@ -80,7 +110,7 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
     """Every node of a loop body, outermost first."""
     for n in nodes:
         yield n
-        if isinstance(n, LFor):
+        if isinstance(n, (LFor, LMark, LCopy)):
             yield from walk(n.body)
         elif isinstance(n, LIf):
             yield from walk(n.then)
@@ -133,6 +163,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, LFor):
         tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd)) if on]
+        if n.mapped:
+            tags.append(f"{n.mapped}s.{'xyz'[n.dim]}/{n.count}")
         if n.note:
             tags.append(f"carries {n.note}")
         tag = f"  // {' '.join(tags)}" if tags else ""
@@ -149,3 +181,14 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
                 _print(b, depth + 1, out)
     elif isinstance(n, LCall):
         out.append(f"{pad}{n.stmt}({', '.join(expr_text(a) for a in n.args)})")
+    elif isinstance(n, LMark):
+        out.append(f"{pad}// {n.name}")
+        for b in n.body:
+            _print(b, depth, out)
+    elif isinstance(n, LSync):
+        out.append(f"{pad}sync()")
+    elif isinstance(n, LCopy):
+        box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))
+        out.append(f"{pad}shared {n.buffer} = {n.tensor}[{box}]")
+        for b in n.body:
+            _print(b, depth + 1, out)

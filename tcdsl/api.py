@@ -21,16 +21,17 @@ from . import ast as A
 from . import dtypes as T
 from . import interp, knobs, layout
 from .checked import CheckedDef
-from .compiler import CKernel, Lowered, lower, strides_of
+from .compiler import CKernel, GpuLowered, Lowered, lower, lower_gpu, strides_of
 from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
 from .options import MappingOptions
+from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
 from .sema import check_def, check_module
 
-BACKENDS = ("c", "numpy")
+BACKENDS = ("c", "numpy", "opencl", "cuda")
 _UNSEEN = object()
 
 
@@ -73,6 +74,7 @@ class Kernel:
         self._cache: dict[tuple, Instance] = {}
         self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
+        self._gpu: dict[tuple, Any] = {}  # GPU programs per (sizes, backend, options)
         self._tuned: dict[tuple, MappingOptions | None] = {}  # per argument layout: options from the tuning cache
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
@@ -180,10 +182,39 @@ class Kernel:
         return lower(inst, opts, strides_of(inst, inputs))
 
     def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
-        """The generated code for these arguments' shapes, dtypes and strides."""
+        """The generated code for these arguments' shapes, dtypes and strides: C, or CUDA / OpenCL
+        (printed on any machine; nothing is compiled)."""
+        if backend in ("cuda", "opencl"):
+            from .codegen.gpu import launch_text
+
+            src = self.lowered_gpu(*args, backend=backend, options=options).source
+            return f"{launch_text(src)}\n{src.text}"
         if backend != "c":
-            raise TcArgumentError(f"source() covers the C backend; backend {backend!r} has no generated code")
+            raise TcArgumentError(f"source() covers the c, cuda and opencl backends; backend {backend!r} has no "
+                                  "generated code")
         return self.lowered(*args, options=options).source.text
+
+    def lowered_gpu(self, *args: Any, backend: str = "cuda", options: MappingOptions | None = None,
+                    target: Any = None) -> GpuLowered:
+        """Every GPU compiler stage for these arguments (no GPU or compiler needed); ``target``: the
+        device limits to map for (a ``polyhedral.gpu.GpuTarget``; sm_90 by default)."""
+        arrays = _coerce_any_inputs(self.checked, args)
+        return lower_gpu(self._instance(arrays), options or self.options, backend, target or SM90)
+
+    def _gpu_for(self, inst: Instance, backend: str, options: MappingOptions) -> Any:
+        from . import gpurt
+
+        key = (tuple(sorted(inst.sizes.items())), backend, options)
+        gk = self._gpu.get(key)
+        if gk is None:
+            if backend == "cuda":
+                gk = gpurt.CudaKernel(lower_gpu(inst, options, "cuda", gpurt.cuda_target()))
+            else:
+                gk = gpurt.OpenCLKernel(lower_gpu(inst, options, "opencl"))
+            with self._lock:
+                self._gpu[key] = gk
+                self.compile_count += 1
+        return gk
 
     def schedule(self, *args: Any, options: MappingOptions | None = None) -> str:
         """The schedule tree (after the CPU transformations) as text."""
@@ -197,11 +228,32 @@ class Kernel:
     @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
-        be = _check_backend(backend or self.backend or default_backend())
+        from . import gpurt
+
+        on_device = any(gpurt.is_device_array(a) for a in args)
+        be = _check_backend(backend or self.backend or ("cuda" if on_device else default_backend()))
+        if be == "cuda" or on_device:
+            if be != "cuda":
+                raise TcArgumentError(f"{self.name}(): the arguments are on a CUDA device; backend {be!r} runs on "
+                                      "the host (pass host arrays, or backend='cuda')")
+            arrays = _coerce_any_inputs(self.checked, args)
+            inst = self._instance(arrays)
+            outs = _check_out(self.checked, inst, out)
+            gk = self._gpu_for(inst, "cuda", options or self.options)
+            res = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+            values = [res[t.name] if on_device else res[t.name].get() for t in self.checked.outputs]
+            if outs is not None:
+                for dst, v in zip(outs, values):
+                    np.copyto(dst, v if isinstance(v, np.ndarray) else v.get())
+                values = list(outs)
+            return values[0] if len(values) == 1 else tuple(values)
         arrays = _coerce_inputs(self.checked, args)
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
-        if be == "c":
+        if be == "opencl":
+            gk = self._gpu_for(inst, "opencl", options or self.options)
+            results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+        elif be == "c":
             arrays = [_c_ready(a) for a in arrays]
             ck = self._compiled_for(inst, arrays, options or self._tuned_for(arrays) or self.options)
             inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
@@ -402,6 +454,29 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
             raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}",
                                   t.span.location())
         out.append(a)
+    return out
+
+
+def _coerce_any_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[Any]:
+    """Host arrays as ``_coerce_inputs`` makes them; cupy arrays (on a CUDA device) checked the
+    same way (count, rank, dtype) and passed through."""
+    from . import gpurt
+
+    if not any(gpurt.is_device_array(a) for a in args):
+        return list(_coerce_inputs(checked, args))
+    ins = checked.inputs
+    if len(args) != len(ins):
+        raise TcArgumentError(f"{checked.name}() takes {len(ins)} arguments ({', '.join(t.name for t in ins)}), "
+                              f"got {len(args)}", checked.source.name.span.location())
+    out = []
+    for t, x in zip(ins, args):
+        if not gpurt.is_device_array(x):
+            raise TcArgumentError(f"'{t.name}' is on the host while other arguments are on a CUDA device",
+                                  t.span.location())
+        if T.from_numpy(x.dtype) != t.dtype:
+            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {x.dtype}",
+                                  t.span.location())
+        out.append(x)
     return out
 
 

@@ -17,11 +17,14 @@ import numpy as np
 
 from . import knobs
 from .codegen import c as cgen
+from .codegen import gpu as gpu_cgen
 from .codegen import toolchain
+from .codegen.gpu import GpuSource
 from .errors import TcRuntimeError
 from .instance import Instance, fully_written
 from .options import MappingOptions
-from .polyhedral import astgen, schedule, transform
+from .polyhedral import astgen, gpu, schedule, transform
+from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.deps import Deps, dependences
 from .polyhedral.loopir import LoopIR
 from .polyhedral.scop import Scop, build_scop
@@ -129,12 +132,49 @@ class CKernel:
         return {t.name: arrays[t.name] for t in c.outputs}
 
     def _error(self, code: int, value: int) -> TcRuntimeError:
-        site = next((e for e in self.low.source.errors if e.code == code), None)
-        if site is None:
-            return TcRuntimeError(f"kernel {self.inst.checked.name} failed with code {code}")
-        s = self.inst.checked.stmts[site.stmt - 1]
-        loc = site.span.location()  # type: ignore[attr-defined]
-        if site.kind in ("division", "modulo"):
-            return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)
-        return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
-                              f"read at {value}, outside 0:{self.inst.shapes[site.tensor][site.dim]}", loc)
+        return runtime_error(self.inst, self.low.source.errors, code, value)
+
+
+def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int, value: int) -> TcRuntimeError:
+    """The located error for a failed run-time check (``code`` indexes ``errors``)."""
+    site = next((e for e in errors if e.code == code), None)
+    if site is None:
+        return TcRuntimeError(f"kernel {inst.checked.name} failed with code {code}")
+    s = inst.checked.stmts[site.stmt - 1]
+    loc = site.span.location()  # type: ignore[attr-defined]
+    if site.kind in ("division", "modulo"):
+        return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)
+    return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
+                          f"read at {value}, outside 0:{inst.shapes[site.tensor][site.dim]}", loc)
+
+
+@dataclass(frozen=True)
+class GpuLowered:
+    scop: Scop
+    deps: Deps
+    tree: isl.Schedule = field(compare=False)  # the scheduler's tree
+    final: isl.Schedule = field(compare=False)  # tiled and marked for the mapping
+    program: GpuProgram
+    source: GpuSource
+
+
+def lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: GpuTarget = SM90) -> GpuLowered:
+    """Every stage for the GPU: schedule, tile and mark, map to blocks and threads, promote,
+    place barriers, print ``dialect`` ("cuda" or "opencl"). Raises ``TcScheduleError`` for a
+    mapping the device cannot run (before anything is compiled)."""
+    options = options.resolved(inst.checked)
+    gpu.check_options(options, target)
+    scop = build_scop(inst)
+    deps = dependences(scop)
+    tree = schedule.compute(scop, deps, options)
+    final, program = gpu.map_program(tree, scop, deps, options, target, name=f"tc_{inst.checked.name}")
+    source = gpu_cgen.emit(program, scop, dialect, options.private_memory, options.unroll,
+                           options.unroll_copy_shared)
+    low = GpuLowered(scop, deps, tree, final, program, source)
+    d = knobs.dump_dir()
+    if d is not None:
+        d.mkdir(parents=True, exist_ok=True)
+        name = inst.checked.name
+        (d / f"{name}.gpu.txt").write_text(f"{final.get_root()}\n\n{program}\n")
+        (d / f"{name}.{'cu' if dialect == 'cuda' else 'cl'}").write_text(source.text)
+    return low

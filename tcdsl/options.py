@@ -2,7 +2,8 @@
 
 CPU knobs: fusion strategy, tile sizes, register tiles (unroll-and-jam), point-loop order,
 vectorisation, OpenMP and the depth of the parallel loop. ``None`` means "let the default
-heuristic decide" (see ``polyhedral.transform``).
+heuristic decide" (see ``polyhedral.transform``). GPU knobs (TC's): tiles, blocks and threads per
+dimension (x first), shared and private memory promotion, copy unrolling (see ``polyhedral.gpu``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ class MappingOptions:
     openmp: bool = True
     parallel_depth: int = 0  # which parallel loop level gets `omp parallel for` (0: outermost)
     unroll: int = 0  # fully unroll innermost point loops up to this trip count (0: off)
+    blocks: tuple[int, ...] | None = None  # GPU grid size per dim, x first (None: 256, 256)
+    threads: tuple[int, ...] | None = None  # GPU block size per dim, x first (None: 32, 8)
+    shared_memory: bool = True  # GPU: promote reused or uncoalesced input tiles to shared memory
+    max_shared_memory: int | None = None  # GPU: bytes of shared memory a block may use (None: the device's)
+    private_memory: bool = True  # GPU: keep per-thread reduction targets in registers
+    unroll_copy_shared: bool = False  # GPU: unroll the loops that copy to shared memory
 
     def __post_init__(self) -> None:
         if self.fusion is not None and self.fusion not in FUSION:
             raise TcArgumentError(f"fusion must be one of {', '.join(FUSION)}, not {self.fusion!r}")
-        for name in ("tile", "register_tile", "point_order"):
+        for name in ("tile", "register_tile", "point_order", "blocks", "threads"):
             v = getattr(self, name)
             if v is not None:
                 v = tuple(int(x) for x in v)
@@ -43,6 +50,12 @@ class MappingOptions:
             raise TcArgumentError(f"point_order must be a permutation of 0..n-1, not {self.point_order}")
         if self.parallel_depth < 0 or self.unroll < 0:
             raise TcArgumentError("parallel_depth and unroll must be non-negative")
+        for name in ("blocks", "threads"):
+            v = getattr(self, name)
+            if v is not None and not (1 <= len(v) <= 3 and all(x >= 1 for x in v)):
+                raise TcArgumentError(f"{name} takes 1 to 3 positive sizes (x first), not {v}")
+        if self.max_shared_memory is not None and self.max_shared_memory < 0:
+            raise TcArgumentError("max_shared_memory must be non-negative")
 
     def resolved(self, checked: CheckedDef) -> MappingOptions:
         """These options with the default fusion strategy chosen for ``checked``."""

@@ -1,0 +1,336 @@
+"""GPU emitter: ``GpuProgram x Scop -> GpuSource`` in CUDA or OpenCL C 1.2, from one kernel body.
+
+The body is the C emitter's (statements, checks, builtins) with GPU hooks: mapped loops start at
+the block or thread id and stride by the block or thread count, shared copies and barriers are
+printed through macros (``SHARED``, ``SYNC()``, ``GLOBAL``), and a per-dialect prelude defines them,
+so the CUDA and OpenCL texts differ only in their first lines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tcdsl.affine import Sym
+from tcdsl.errors import TcCompileError
+from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
+from tcdsl.polyhedral.loopir import LCopy, LFor, LInt, LNode, LSync
+from tcdsl.polyhedral.scop import Scop
+
+from .c import CTYPE, ErrorSite, _Emitter, _top
+
+DIALECTS = ("cuda", "opencl")
+
+CUDA_PRELUDE = r"""// CUDA (NVRTC)
+#define KERNEL extern "C" __global__
+#define GLOBAL
+#define SHARED __shared__
+#define RESTRICT __restrict__
+#define SYNC() __syncthreads()
+#define DEVFN static __device__ inline
+#define TC_CAS(p, c, v) atomicCAS((p), (c), (v))
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+"""
+
+_F_NAMES = ("exp", "log", "log1p", "expm1", "sqrt", "cbrt", "tanh", "erf", "fabs", "floor", "ceil", "round",
+            "sin", "cos", "tan", "pow", "fmax", "fmin", "fma", "atan2", "fmod", "exp2", "log2", "log10", "asin",
+            "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+
+OPENCL_PRELUDE = r"""// OpenCL C 1.2
+#define KERNEL __kernel
+#define GLOBAL __global
+#define SHARED __local
+#define RESTRICT restrict
+#define SYNC() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
+#define DEVFN static inline
+#define TC_CAS(p, c, v) atomic_cmpxchg((volatile __global int *)(p), (c), (v))
+typedef char int8_t;
+typedef uchar uint8_t;
+typedef short int16_t;
+typedef ushort uint16_t;
+typedef int int32_t;
+typedef uint uint32_t;
+typedef long int64_t;
+typedef ulong uint64_t;
+""" + "".join(f"#define {f}f {f}\n" for f in _F_NAMES)
+
+COMMON = r"""
+typedef unsigned char tc_bool;
+#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
+#define tc_pmod(a, n) ((((a) % (n)) + (n)) % (n))
+#define tc_lmin(a, b) ((a) < (b) ? (a) : (b))
+#define tc_lmax(a, b) ((a) > (b) ? (a) : (b))
+#define tc_min(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define tc_max(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define tc_abs(a) ((a) < 0 ? -(a) : (a))
+#define TC_EXPF expf
+DEVFN long tc_fdiv(long n, long d) {
+  if (d == -1) return -n;
+  long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q;
+}
+DEVFN long tc_fmod(long n, long d) {
+  if (d == -1) return 0;
+  long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+}
+/* A failed check records its code and value (the first one wins) and reads element 0 instead. */
+DEVFN void tc_fail(GLOBAL int *err, long code, long v) {
+  if (TC_CAS(&err[0], 0, (int)code) == 0) err[1] = (int)v;
+}
+DEVFN long tc_chk(long v, long n, long code, GLOBAL int *err) {
+  if ((unsigned long)v >= (unsigned long)n) { tc_fail(err, code, v); return 0; }
+  return v;
+}
+DEVFN long tc_nz(long d, long code, GLOBAL int *err) {
+  if (d == 0) { tc_fail(err, code, 0); return 1; }
+  return d;
+}
+DEVFN unsigned long tc_unz(unsigned long d, long code, GLOBAL int *err) {
+  if (d == 0) { tc_fail(err, code, 0); return 1; }
+  return d;
+}
+"""
+
+_IDS = {
+    "cuda": {"tc_tx": "threadIdx.x", "tc_ty": "threadIdx.y", "tc_tz": "threadIdx.z",
+             "tc_bx": "blockIdx.x", "tc_by": "blockIdx.y", "tc_bz": "blockIdx.z"},
+    "opencl": {"tc_tx": "get_local_id(0)", "tc_ty": "get_local_id(1)", "tc_tz": "get_local_id(2)",
+               "tc_bx": "get_group_id(0)", "tc_by": "get_group_id(1)", "tc_bz": "get_group_id(2)"},
+}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuSource:
+    dialect: str
+    text: str
+    kernels: tuple[LaunchSpec, ...]  # launched in order, each with every tensor and the error flags
+    params: tuple[str, ...]  # TC tensor names, in argument order
+    errors: tuple[ErrorSite, ...]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def emit(program: GpuProgram, scop: Scop, dialect: str, private_memory: bool = True, unroll: int = 0,
+         unroll_copies: bool = False) -> GpuSource:
+    if dialect not in DIALECTS:
+        raise ValueError(dialect)
+    c = scop.inst.checked
+    for t in (*c.inputs, *c.outputs, *c.temps):
+        if t.dtype == "float16":
+            raise TcCompileError(f"'{t.name}' is float16, which the GPU backends do not support yet")
+    strides = {}
+    for name, shape in scop.inst.shapes.items():
+        st, acc = [], 1
+        for n in reversed(shape):
+            st.append(acc)
+            acc *= max(n, 1)
+        strides[name] = tuple(reversed(st))
+    e = _GpuEmitter(scop, strides, dialect, private_memory, unroll, unroll_copies)
+    return e.program(program)
+
+
+class _GpuEmitter(_Emitter):
+    ITYPE = "int"
+
+    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], dialect: str, private_memory: bool,
+                 unroll: int, unroll_copies: bool) -> None:
+        super().__init__(scop, strides, "tc", vectorize=False, vector_math=False, unroll=unroll)
+        self.dialect = dialect
+        self.private_memory = private_memory
+        self.unroll_copies = unroll_copies
+        self.contracted = {}
+        self.rows = {}
+        self.in_memory = set(self.order)
+        self.transposes = {}
+        self.promoted: dict[str, tuple[str, tuple[str, ...], tuple[int, ...], int]] = {}
+        self.pitches: dict[str, int] = {}
+        self.block = (1, 1, 1)
+        big = any(math.prod(s) >= 2**31 for s in scop.inst.shapes.values())
+        self.ITYPE = "long" if big else "int"
+
+    def program(self, program: GpuProgram) -> GpuSource:
+        w = self.w
+        w.raw(CUDA_PRELUDE if self.dialect == "cuda" else OPENCL_PRELUDE)
+        if self.dialect == "opencl" and any(t.dtype == "float64" for t in self.tensors.values()):
+            w.raw("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+        w.raw(COMMON)
+        for name in self.order:
+            t = self.tensors[name]
+            w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}")
+        specs = []
+        for k in program.kernels:
+            w.line()
+            self._kernel(k)
+            specs.append(LaunchSpec(k.name, k.grid, k.block, k.shared_bytes))
+        return GpuSource(self.dialect, w.text(), tuple(specs), self.order, tuple(self.errors))
+
+    def _kernel(self, k: GpuKernel) -> None:
+        w = self.w
+        params = []
+        for name in self.order:
+            t = self.tensors[name]
+            const = "const " if t.role == "input" else ""
+            ctype = "tc_bool" if t.dtype == "bool" else CTYPE[t.dtype]
+            params.append(f"GLOBAL {const}{ctype} *RESTRICT {self.var[name]}")
+        params.append("GLOBAL int *RESTRICT tc_err")
+        w.line(f"KERNEL void {k.name}({', '.join(params)}) {{")
+        with w.indent():
+            for b in k.shared:
+                ctype = "tc_bool" if b.dtype == "bool" else CTYPE[b.dtype]
+                w.line(f"SHARED {ctype} {b.name}[{b.elements}];  // {b.tensor}: a "
+                       f"{'x'.join(map(str, b.sizes))} box")
+            for v in (*THREAD_IDS, *BLOCK_IDS):
+                w.line(f"const int {v} = (int){_IDS[self.dialect][v]};")
+            bx, by, _ = k.block
+            w.line(f"const int tc_tlin = tc_tx + {bx} * (tc_ty + {by} * tc_tz);")
+            for p, v in self._params().items():
+                w.line(f"const long {p} = {v};")
+            self.block = k.block
+            self.pitches = {b.name: b.pitch for b in k.shared}
+            for n in k.body:
+                self._node(n)
+        w.line("}")
+
+    def _params(self) -> dict[str, int]:
+        inst = self.scop.inst
+        out = {f"p_{k}": v for k, v in inst.sizes.items()}
+        ctx = self.scop.context
+        import islpy as isl
+
+        for i in range(ctx.dim(isl.dim_type.param)):
+            name = ctx.get_dim_name(isl.dim_type.param, i)
+            if name not in out:
+                val = ctx.plain_get_val_if_fixed(isl.dim_type.param, i)
+                if val.is_int():
+                    out[name] = int(val.to_python())
+        return out
+
+    # ---- loops ----
+    def _node(self, n: LNode) -> None:
+        w = self.w
+        if isinstance(n, LSync):
+            w.line("SYNC();")
+            return
+        if isinstance(n, LCopy):
+            self._copy(n)
+            return
+        if isinstance(n, LFor) and n.mapped:
+            ident = {("block", d): v for d, v in enumerate(BLOCK_IDS)} | {("thread", d): v
+                                                                         for d, v in enumerate(THREAD_IDS)}
+            tid = ident[(n.mapped, n.dim)]
+            init = _top(self._lexpr(n.init))
+            s = n.step
+            if isinstance(n.init, LInt) and n.init.value == 0:
+                start = tid if s == 1 else f"{s} * {tid}"
+            else:
+                start = (f"{init} + {s} * tc_pmod({tid} - floord({init}, {s}), {n.count})" if s != 1 else
+                         f"{init} + tc_pmod({tid} - ({init}), {n.count})")
+            w.line(f"for ({self.ITYPE} {n.var} = {start}; {_top(self._lexpr(n.cond))}; {n.var} += {s * n.count}) "
+                   f"{{  // {n.mapped}s.{'xyz'[n.dim]}")
+            with w.indent():
+                self._body(n.body)
+            w.line("}")
+            return
+        if isinstance(n, LFor):
+            if self.private_memory and self._accumulate(n):
+                return
+            trips = _trips(n)
+            if self.unroll and self.dialect == "cuda" and trips is not None and trips <= self.unroll:
+                w.line(f"#pragma unroll {trips}")
+            w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+                   f"{n.var} += {n.step}) {{")
+            with w.indent():
+                self._body(n.body)
+            w.line("}")
+            return
+        super()._node(n)
+
+    def _copy(self, n: LCopy) -> None:
+        w = self.w
+        shape = self.shapes[n.tensor]
+        pitch = self.pitches[n.buffer]
+        rank = len(n.sizes)
+        w.line(f"{{  // {n.buffer} <- {n.tensor}, a {'x'.join(map(str, n.sizes))} box")
+        with w.indent():
+            offs = []
+            for d, o in enumerate(n.offsets):
+                name = f"{n.buffer}_o{d}"
+                w.line(f"const long {name} = {_top(self._lexpr(o))};")
+                offs.append(name)
+            total = math.prod(n.sizes)
+            threads = math.prod(self.block)
+            if self.unroll_copies and self.dialect == "cuda":
+                w.line("#pragma unroll")
+            w.line(f"for (int e = tc_tlin; e < {total}; e += {threads}) {{")
+            with w.indent():
+                rest = "e"
+                for d in reversed(range(rank)):
+                    if d == 0:
+                        w.line(f"const int j0 = {rest};")
+                    else:
+                        w.line(f"const int j{d} = {rest} % {n.sizes[d]};")
+                        w.line(f"const int q{d} = {rest} / {n.sizes[d]};")
+                        rest = f"q{d}"
+                inside = " && ".join(f"{offs[d]} + j{d} < {shape[d]}" for d in range(rank))
+                src = self._global(n.tensor, [f"({offs[d]} + j{d})" for d in range(rank)])
+                w.line(f"if ({inside}) {n.buffer}[{self._shared_index(n.sizes, pitch, [f'j{d}' for d in range(rank)])}]"
+                       f" = {src};")
+            w.line("}")
+            self.promoted[n.tensor] = (n.buffer, tuple(offs), n.sizes, pitch)
+            self._body(n.body)
+            del self.promoted[n.tensor]
+        w.line("}")
+
+    def _global(self, tensor: str, subs: list[str]) -> str:
+        st = self.strides[tensor]
+        terms = [f"{s} * {st[d]}L" if st[d] != 1 else s for d, s in enumerate(subs) if st[d] != 0]
+        return f"{self.var[tensor]}[{' + '.join(terms) or '0'}]"
+
+    @staticmethod
+    def _shared_index(sizes: tuple[int, ...], pitch: int, subs: list[str]) -> str:
+        dims = [*sizes[:-1], pitch]
+        text = subs[0]
+        for d in range(1, len(subs)):
+            text = f"({text}) * {dims[d]} + {subs[d]}"
+        return text
+
+    def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
+                checked: list[str] | None = None) -> str:
+        p = self.promoted.get(tensor)
+        if p is None:
+            return super()._access(tensor, subs, env, checked)
+        buf, offs, sizes, pitch = p
+        texts = [checked[d] if checked is not None else self._sym(sub, env) for d, sub in enumerate(subs)]
+        return f"{buf}[{self._shared_index(sizes, pitch, [f'({t} - {o})' for t, o in zip(texts, offs)])}]"
+
+
+def _trips(n: LFor) -> int | None:
+    from .regtile import trip_bound
+
+    return trip_bound(n)
+
+
+def launch_text(src: GpuSource) -> str:
+    """The launches, one per line (for ``kernel.source``)."""
+    return "\n".join(f"// launch {k.name}: grid {k.grid}, block {k.block}, {k.shared_bytes} B shared"
+                     for k in src.kernels)
+
+
+__all__ = ["emit", "GpuSource", "LaunchSpec", "DIALECTS", "launch_text"]
