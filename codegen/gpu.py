@@ -43,7 +43,7 @@ typedef unsigned long long uint64_t;
 
 _F_NAMES = ("exp", "log", "log1p", "expm1", "sqrt", "cbrt", "tanh", "erf", "fabs", "floor", "ceil", "round",
             "sin", "cos", "tan", "pow", "fmax", "fmin", "fma", "atan2", "fmod", "exp2", "log2", "log10", "asin",
-            "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+            "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "trunc")
 
 OPENCL_PRELUDE = r"""// OpenCL C 1.2
 #define KERNEL __kernel

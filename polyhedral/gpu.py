@@ -307,6 +307,11 @@ class _Mapper:
                 self._find_chains(n.then, in_point, out)
                 self._find_chains(n.other, in_point, out)
 
+    def _has_chain(self, n: LFor, in_point: bool) -> bool:
+        found: list[_Chain] = []
+        self._find_chains((n,), in_point, found)
+        return bool(found)
+
     def _map_threads(self, nodes: tuple[LNode, ...], in_point: bool, around: list[LFor]) -> list[LNode]:
         """``nodes`` with thread loops mapped, promoted and guarded; ``around``: the uniform loops
         (run by every thread of the block) that enclose them."""
@@ -316,6 +321,8 @@ class _Mapper:
                 out.extend(self._map_threads(n.body, in_point or n.name == "gpu_point", around))
             elif isinstance(n, LFor) and in_point and n.parallel and not n.mapped:
                 out.extend(self._thread_region(n, around))
+            elif isinstance(n, LFor) and not self._has_chain(n, in_point):
+                out.append(_only_thread_zero((_unmark(n),), range(3), self.block))  # one thread runs it all
             elif isinstance(n, LFor):
                 out.append(replace(n, body=tuple(self._map_threads(n.body, in_point, [*around, n]))))
             elif isinstance(n, LIf):
@@ -506,6 +513,18 @@ class _Mapper:
         vb = ", ".join(f"b{i}" for i in range(len(lb)))
         test = isl.Map(f"{{ [{va}] -> [{vb}] : {' and '.join(cons)} }}")
         return not isl.Map.from_union_map(rel).intersect(test).is_empty()
+
+
+def _unmark(n: LNode) -> LNode:
+    """``n`` without marks."""
+    if isinstance(n, LMark):
+        inner = tuple(_unmark(b) for b in n.body)
+        return inner[0] if len(inner) == 1 else LIf(LInt(1), inner)
+    if isinstance(n, LFor):
+        return replace(n, body=tuple(_unmark(b) for b in n.body))
+    if isinstance(n, LIf):
+        return LIf(n.cond, tuple(_unmark(b) for b in n.then), tuple(_unmark(b) for b in n.other))
+    return n
 
 
 def _thread_ids(loops: list[LFor], single: bool, prefix: str) -> list[str]:

@@ -144,7 +144,7 @@ class CudaKernel:
         self.low = low
         self.inst = low.scop.inst
         try:
-            mod = cp.RawModule(code=low.source.text, options=("--std=c++17",),
+            mod = cp.RawModule(code=low.source.text, options=("--std=c++17", "-diag-suppress=177"),
                                name_expressions=None)
             self.kernels = [(mod.get_function(k.name), k) for k in low.source.kernels]
         except cp.cuda.compiler.CompileException as e:
