@@ -104,3 +104,7 @@ def locate(src: SourceFile, line: int, col: int, end_line: int | None = None, en
     else:
         width = max(1, len(text.rstrip()) - col + 1)
     return Location(src.name, line, col, text, width)
+
+
+class TcGradientError(TcSemanticError):
+    """A def has no derivative tcdsl can derive: a product reduction, an input that is not a float."""

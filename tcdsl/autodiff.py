@@ -1,0 +1,592 @@
+"""Reverse-mode differentiation of a def: ``CheckedDef -> Backward`` (a backward def as TC text).
+
+Statements are walked in reverse. Each float tensor a statement reads receives the gradient of
+the statement's left side times the read's partial derivative (``tcdsl.derivative``), written
+with plain names on the left: the read's access is inverted where a subscript solves for one of
+its indices (strided accesses with a divisibility test), and matched with an equality test
+otherwise (gathers, repeated indices). Every index keeps an explicit range and every access of
+the forward statement stays in the domain (``where exists``), so padding by domain reproduces
+the forward statement's points exactly. Values the derivatives read are recomputed in the
+backward def, except temporaries written by reductions (saved by the forward by default, or as
+``save=`` says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from . import dtypes as T
+from .affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
+from .checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .derivative import IndexExpr, Key, cmp, const, diff, div, key_of, mul, read_text, rewrite, text
+from .derivative import unconditional_reads as uncond
+from .errors import TcGradientError
+from .sema import BUILTINS
+
+Version = tuple[str, "int | None"]  # (tensor, statement after which the value holds); None: an input
+
+
+@dataclass(frozen=True)
+class Param:
+    """A param of a backward def: ``role`` is "input", "output" or "saved" (a value of the forward)
+    or "grad" (the gradient of forward output ``of``)."""
+
+    name: str
+    role: str
+    of: str
+
+
+@dataclass(frozen=True)
+class Backward:
+    """A backward def: its TC text, what its params and outputs stand for, and the temporaries
+    the forward must also return (``saved``, in order)."""
+
+    forward: str
+    name: str
+    source: str
+    params: tuple[Param, ...]
+    grads: tuple[str, ...]  # forward inputs whose gradients the def returns, in order
+    saved: tuple[str, ...] = ()
+    user: bool = field(default=False, compare=False)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def derive(checked: CheckedDef, wrt: Sequence[str] | None = None,
+           save: Iterable[str] | Mapping[str, bool] | None = None) -> Backward:
+    """The backward def of ``checked`` for the gradients of ``wrt`` (default: every float input)."""
+    return _Deriver(checked, wrt, save).run()
+
+
+def with_saved_outputs(checked: CheckedDef, saved: Sequence[str]) -> str:
+    """The forward def's text with the temporaries ``saved`` also returned (after its outputs)."""
+    from . import ast as A
+    from .printer import definition
+
+    d = checked.source
+    extra = tuple(A.Output(A.Ident(n)) for n in saved)
+    return definition(replace(d, outputs=d.outputs + extra)) + "\n"
+
+
+def default_saved(checked: CheckedDef) -> set[str]:
+    """Temporaries worth keeping from the forward: those some statement writes by a reduction."""
+    temps = {t.name for t in checked.temps}
+    return {s.tensor for s in checked.stmts if s.tensor in temps and s.reductions}
+
+
+@dataclass
+class _Reindex:
+    lhs: list[str]
+    env: dict[str, Sym]
+    free: list[str]
+    guards: list[TExpr]
+
+
+class _Deriver:
+    def __init__(self, c: CheckedDef, wrt: Sequence[str] | None, save: Iterable[str] | Mapping[str, bool] | None):
+        self.c = c
+        self.stmts = c.stmts
+        self.tensors = c.tensors
+        floats = [t.name for t in c.inputs if T.is_float(t.dtype)]
+        self.wrt = list(floats if wrt is None else wrt)
+        loc = c.source.name.span.location()
+        for w in self.wrt:
+            if w not in floats:
+                what = "a float input" if w not in self.tensors else f"a float input (it is {self.tensors[w].dtype})"
+                raise TcGradientError(f"cannot differentiate {c.name} with respect to '{w}': not {what}", loc)
+        if not self.wrt:
+            raise TcGradientError(f"{c.name} has no float input to differentiate with respect to", loc)
+        self.used: set[str] = {*self.tensors, *c.sizes, c.name, *BUILTINS, *T.TYPE_NAMES}
+        for s in self.stmts:
+            self.used.update(s.indices)
+        self.writes: dict[str, list[int]] = {}
+        self.before: list[dict[str, int | None]] = []
+        current: dict[str, int | None] = {t.name: None for t in c.inputs}
+        for k, s in enumerate(self.stmts):
+            self.before.append(dict(current))
+            self.writes.setdefault(s.tensor, []).append(k)
+            current[s.tensor] = k
+        self.save = self._save_set(save)
+        self.active = self._active()
+        self.vnames: dict[Version, str] = {}
+        self.value_of: dict[str, Version] = {}  # backward name -> forward value version
+        self.lines: list[str] = []
+        self.state: dict[str, tuple[str, str]] = {}  # tensor -> ("param" | "work", gradient name)
+        self.params: list[Param] = []
+        self.param_names: dict[tuple[str, str], str] = {}
+        self.needed: set[Version] = set()
+
+    # ---- setup ----
+    def _save_set(self, save: Iterable[str] | Mapping[str, bool] | None) -> set[str]:
+        temps = {t.name for t in self.c.temps}
+        chosen = default_saved(self.c)
+        if save is None:
+            return chosen
+        items = dict(save) if isinstance(save, Mapping) else {n: True for n in save}
+        if not isinstance(save, Mapping):
+            chosen = set()
+        for n, keep in items.items():
+            if n not in temps:
+                raise TcGradientError(f"save= names '{n}', which is not a temporary of {self.c.name}",
+                                      self.c.source.name.span.location())
+            (chosen.add if keep else chosen.discard)(n)
+        return chosen
+
+    def _active(self) -> set[str]:
+        active = set(self.wrt)
+        changed = True
+        while changed:
+            changed = False
+            for s in self.stmts:
+                if s.tensor not in active and T.is_float(self.tensors[s.tensor].dtype) and \
+                        any(r.tensor in active for r in reads(s.rhs)):
+                    active.add(s.tensor)
+                    changed = True
+        return active
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 2
+        while name in self.used:
+            name, n = f"{base}_{n}", n + 1
+        self.used.add(name)
+        return name
+
+    # ---- values of the forward ----
+    def vname(self, t: str, k: int | None) -> str:
+        if k is None or k == self.writes[t][-1]:
+            name = t
+        elif (t, k) in self.vnames:
+            name = self.vnames[(t, k)]
+        else:
+            name = self.vnames[(t, k)] = self.fresh(f"{t}_{k + 1}")
+        self.value_of[name] = (t, k)
+        return name
+
+    def renamed(self, e: TExpr, k: int) -> TExpr:
+        """``e`` of statement ``k`` with each read naming the version of its tensor it reads."""
+        return rewrite(e, read=lambda r: replace(r, tensor=self.vname(r.tensor, self.before[k].get(r.tensor))))
+
+    def _note_reads(self, e: TExpr) -> None:
+        for r in reads(e):
+            if r.tensor in self.value_of:
+                self.needed.add(self.value_of[r.tensor])
+
+    def _value_read(self, t: str, k: int | None, subs: tuple) -> Read:
+        return Read(self.tensors[t].dtype, self.vname(t, k), subs)
+
+    # ---- driver ----
+    def run(self) -> Backward:
+        c = self.c
+        for t in c.outputs:
+            if t.name in self.active:
+                self.state[t.name] = ("param", self._param("grad", t.name, f"d_{t.name}"))
+        for k in reversed(range(len(self.stmts))):
+            s = self.stmts[k]
+            if s.tensor in self.active and s.tensor in self.state:
+                self._statement(k, s)
+        outs = []
+        for w in self.wrt:
+            t = self.tensors[w]
+            st = self.state.get(w)
+            if st is None:
+                name = self.fresh(f"d_{w}")
+                idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
+                self._emit(name, idx, "=", const(t.dtype, 0), [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
+                st = ("work", name)
+            outs.append(f"{t.dtype}({', '.join(str(d) for d in t.dims)}) {st[1]}" if t.dims else f"{t.dtype} {st[1]}")
+        grad_lines = self.lines
+        self.lines = []
+        self._recompute()
+        inputs = [f"{t.decl()}" for t in c.inputs]
+        params = [Param(t.name, "input", t.name) for t in c.inputs]
+        order = {"output": 0, "saved": 1, "grad": 2}
+        for p in sorted(self.params, key=lambda p: order[p.role]):
+            t = self.tensors[p.of]
+            dims = [self._param_dim(p.name, i, d) for i, d in enumerate(t.dims)]
+            inputs.append(f"{t.dtype}({', '.join(dims)}) {p.name}" if dims else f"{t.dtype} {p.name}")
+            params.append(p)
+        name = self.fresh(f"{c.name}_grad")
+        body = [f"  {line}" for line in self.lines + grad_lines]
+        source = "\n".join([f"def {name}({', '.join(inputs)}) -> ({', '.join(outs)}) {{", *body, "}"]) + "\n"
+        saved = tuple(p.of for p in params if p.role == "saved")
+        return Backward(c.name, name, source, tuple(params), tuple(self.wrt), saved)
+
+    def _param(self, role: str, of: str, base: str) -> str:
+        key = (role, of)
+        if key not in self.param_names:
+            self.param_names[key] = self.fresh(base) if role == "grad" else of
+            self.params.append(Param(self.param_names[key], role, of))
+        return self.param_names[key]
+
+    def _param_dim(self, param: str, p: int, d: Sym) -> str:
+        if d.is_const():
+            return str(d.const)
+        if len(d.terms) == 1 and d.const == 0 and d.terms[0][1] == 1 and isinstance(d.terms[0][0], Var):
+            return str(d)
+        return self.fresh(f"{param}_{p}")  # a size the def computes: a size symbol of its own here
+
+    # ---- one statement ----
+    def _statement(self, k: int, s: Statement) -> None:
+        V = s.tensor
+        vt = self.tensors[V]
+        prev = self.before[k].get(V)
+        f = self.renamed(s.rhs, k)
+        lhs_subs = tuple(Sym.var(i, "index") for i in s.lhs)
+        gname = self.state[V][1]
+        g = Read(vt.dtype, gname, lhs_subs)
+        keys = self._keys(f, k)
+        self_key = (self.vname(V, prev), lhs_subs) if prev is not None else None
+        if s.op == "*" and s.reductions and keys:
+            raise TcGradientError(f"{s.describe()}: a product reduction ('*=' over reduction index "
+                                  f"'{s.reductions[0]}') has no derivative tcdsl can derive; write it as exp of a "
+                                  f"sum of logs, or pass backward= with a hand-written gradient", s.span.location())
+        cnt: Read | None = None
+        here = self._value_read(V, k, lhs_subs)
+        if s.op in ("min", "max") and (keys or (prev is not None and not s.init)):
+            cnt = self._count(k, s, f, here, prev)
+        for key in keys:
+            if key == self_key:
+                continue
+            d = diff(f, key)
+            if d is None:
+                continue
+            contrib: TExpr | None
+            if s.op in ("min", "max"):
+                assert cnt is not None
+                contrib = Select(vt.dtype, cmp("==", f, here), mul(div(g, cnt), d) or const(vt.dtype, 0),
+                                 const(vt.dtype, 0))
+            elif s.op == "*" and prev is not None and not s.init:
+                contrib = mul(mul(g, self._value_read(V, prev, lhs_subs)), d)
+            else:
+                contrib = mul(g, d)
+            if contrib is not None:
+                self._accumulate(k, s, key, contrib)
+        if prev is None:
+            del self.state[V]  # nothing before the first write
+            return
+        self._transition(k, s, f, g, here, cnt, self_key)
+
+    def _keys(self, f: TExpr, k: int) -> list[Key]:
+        out: list[Key] = []
+        for r in reads(f):
+            t, _ = self.value_of[r.tensor]
+            if t in self.active and T.is_float(r.dtype) and key_of(r) not in out:
+                out.append(key_of(r))
+        return out
+
+    def _count(self, k: int, s: Statement, f: TExpr, here: Read, prev: int | None) -> Read:
+        """How many points attain the extremum (ties share the gradient evenly)."""
+        dt = self.tensors[s.tensor].dtype
+        name = self.fresh(f"{s.tensor}_ties")
+        one, zero = const(dt, 1), const(dt, 0)
+        ranges = [str(r) for r in s.ranges]
+        if prev is not None and not s.init:
+            before = self._value_read(s.tensor, prev, here.subs)
+            self._emit(name, list(s.lhs), "=", Select(dt, cmp("==", before, here), one, zero),
+                       [str(r) for r in s.ranges[: len(s.lhs)]])
+            op = "+="
+        else:
+            op = "+=!"
+        self._emit(name, list(s.lhs), op, Select(dt, cmp("==", f, here), one, zero),
+                   ranges + self._exists(self._domain(k, s), Select(dt, cmp("==", f, here), one, zero)))
+        return Read(dt, name, here.subs)
+
+    def _transition(self, k: int, s: Statement, f: TExpr, g: Read, here: Read, cnt: Read | None,
+                    self_key: Key | None) -> None:
+        """Turn the gradient of the tensor after statement ``k`` into the gradient before it."""
+        V, dt = s.tensor, self.tensors[s.tensor].dtype
+        lhs_ranges = [str(r) for r in s.ranges[: len(s.lhs)]]
+        if s.op == "+" and not s.init:
+            return
+        if s.init:
+            if self._box_covers(s):
+                del self.state[V]
+                return
+            self._update(V, list(s.lhs), const(dt, 0), lhs_ranges)
+            return
+        if s.op in ("min", "max"):
+            assert cnt is not None
+            before = self._value_read(V, self.before[k].get(V), here.subs)
+            self._update(V, list(s.lhs), Select(dt, cmp("==", before, here), div(g, cnt) or const(dt, 0),
+                                                const(dt, 0)), lhs_ranges)
+            return
+        if s.op == "*":
+            value = mul(g, f) or const(dt, 0)
+            self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value))
+            return
+        d = diff(f, self_key) if self_key is not None else None
+        if d is None and self._covers(s):
+            del self.state[V]
+            return
+        if d is not None and d == const(dt, 1) and self._covers(s):
+            return
+        value = (mul(g, d) if d is not None else None) or const(dt, 0)
+        self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value))
+
+    def _update(self, V: str, idx: list[str], value: TExpr, where: list[str]) -> None:
+        """``dV(idx) = value`` in place (the gradient of an output is copied first: it is an input)."""
+        kind, name = self.state[V]
+        if kind == "param":
+            work = self._work_copy(V, name)
+            value = rewrite(value, read=lambda r: replace(r, tensor=work) if r.tensor == name else r)
+            name = work
+        self._emit(name, idx, "=", value, where)
+
+    def _work_copy(self, V: str, param: str) -> str:
+        t = self.tensors[V]
+        work = self.fresh(f"d_{V}_acc")
+        idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
+        self._emit(work, idx, "=", Read(t.dtype, param, tuple(Sym.var(i, "index") for i in idx)),
+                   [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
+        self.state[V] = ("work", work)
+        return work
+
+    # ---- contributions ----
+    def _accumulate(self, k: int, s: Statement, key: Key, contrib: TExpr) -> None:
+        """Add ``contrib`` (in the indices of statement ``k``) into the gradient of the read ``key``."""
+        vname, subs = key
+        t = self.value_of[vname][0]
+        target = self.tensors[t]
+        ri = self._reindex(k, s, subs, target)
+        value = rewrite(contrib, index=ri.env)
+        if ri.guards:
+            cond = ri.guards[0]
+            for gd in ri.guards[1:]:
+                cond = Binop("bool", "&&", cond, gd)
+            value = Select(value.dtype, cond, value, const(value.dtype, 0))
+        lhs_syms = tuple(Sym.var(y, "index") for y in ri.lhs)
+        domain = [_as_read(rewrite(r, index=ri.env)) for r in self._domain(k, s)]
+        domain = [r for r in domain if not (r.tensor == vname and r.subs == lhs_syms)]
+        where = [f"{y} in 0:{d}" for y, d in zip(ri.lhs, target.dims)]
+        where += [str(s.range(v)) for v in ri.free]
+        where += self._exists(domain, value)
+        st = self.state.get(t)
+        if st is None:
+            name = self.fresh(f"d_{t}")
+            self.state[t] = ("work", name)
+            op = "+=!"
+        else:
+            name = st[1] if st[0] == "work" else self._work_copy(t, st[1])
+            op = "+="
+        self._emit(name, ri.lhs, op, convert(value, target.dtype), where)
+
+    def _domain(self, k: int, s: Statement) -> list[Read]:
+        """The reads that bound statement ``k``'s domain: its left side's gradient, its unconditional
+        affine reads and its ``where exists`` accesses (as reads of the versions it sees)."""
+        g = Read(self.tensors[s.tensor].dtype, self.state[s.tensor][1], tuple(Sym.var(i, "index") for i in s.lhs))
+        out = [g]
+        for r in reads(s.rhs):
+            if not r.conditional and all(isinstance(x, Sym) for x in r.subs):
+                out.append(self._value_read(r.tensor, self.before[k].get(r.tensor), r.subs))
+        for a in s.accesses:
+            if a.kind == "exists":
+                if any(x is None for x in a.subs):
+                    continue
+                out.append(self._value_read(a.tensor, self.before[k].get(a.tensor), tuple(a.subs)))
+        return out
+
+    def _exists(self, domain: list[Read], value: TExpr) -> list[str]:
+        present = {(r.tensor, r.subs) for r in uncond(value)}
+        out: list[str] = []
+        for r in domain:
+            if (r.tensor, r.subs) in present or not r.subs:
+                continue
+            present.add((r.tensor, r.subs))
+            out.append("exists " + read_text(r.tensor, r.subs))
+        return out
+
+    def _emit(self, name: str, idx: list[str], op: str, value: TExpr, where: list[str]) -> None:
+        self._note_reads(value)
+        for w in where:
+            if w.startswith("exists "):
+                n = w[len("exists "):].split("(")[0]
+                if n in self.value_of:
+                    self.needed.add(self.value_of[n])
+        lhs = f"{name}({', '.join(idx)})" if idx else name
+        line = f"{lhs} {op} {text(value)}"
+        if where:
+            line += " where " + ", ".join(where)
+        self.lines.append(line)
+
+    # ---- re-indexing ----
+    def _reindex(self, k: int, s: Statement, subs: tuple, target: Tensor) -> _Reindex:
+        """Plain left-side names for an access ``target(subs)`` of statement ``s``: each subscript
+        solves for one of the statement's indices where it can, else becomes an equality test."""
+        rng = {r.name: (r.lo, r.hi) for r in s.ranges}
+        pivots: dict[str, Sym] = {}
+        lhs: list[str | None] = [None] * len(subs)
+        for p, sub in enumerate(subs):
+            v = _plain_var(sub)
+            if v is not None and v in rng and v not in pivots:
+                lhs[p] = v
+                pivots[v] = Sym.var(v, "index")
+        raw: list[tuple[str, object, object]] = []
+        for p, sub in enumerate(subs):
+            if lhs[p] is not None:
+                continue
+            y = self.fresh(f"x{p}")
+            lhs[p] = y
+            ysym = Sym.var(y, "index")
+            if not isinstance(sub, Sym):
+                raw.append(("eq", ysym, sub))
+                continue
+            sub2 = sub.subs(pivots)
+            cands = [(v.name, c) for v, c in sub2.terms if isinstance(v, Var) and v.kind == "index"
+                     and v.name in rng and v.name not in pivots and not _nested(sub2, v.name)]
+            if not cands:
+                raw.append(("eq", ysym, sub2))
+                continue
+            others = [x for q, x in enumerate(subs) if q != p and isinstance(x, Sym)]
+            v, c = min(cands, key=lambda vc: (not self._implied(k, s, vc[0]), abs(vc[1]) != 1,
+                                              sum(vc[0] in o.indices() for o in others), vc[0] not in s.lhs))
+            rest = sub2 - Sym.var(v, "index") * c
+            if abs(c) == 1:
+                sol = (ysym - rest) * c
+            else:
+                num = ysym - rest if c > 0 else rest - ysym
+                sol = floordiv(num, abs(c))
+                raw.append(("div", num, abs(c)))
+            pivots = {u: e.subs({v: sol}) for u, e in pivots.items()}
+            pivots[v] = sol
+        for v in pivots:
+            if not self._implied(k, s, v, (subs, target.dims)):
+                raw.append(("box", Sym.var(v, "index"), rng[v]))
+        guards: list[TExpr] = []
+        idx = T.INDEX
+        for kind, a, b in raw:
+            if kind == "eq":
+                assert isinstance(a, Sym)
+                rhs = IndexExpr(idx, b.subs(pivots)) if isinstance(b, Sym) else rewrite(b, index=pivots)  # type: ignore
+                guards.append(cmp("==", IndexExpr(idx, a), convert(rhs, idx) if T.is_int(rhs.dtype) else rhs))
+            elif kind == "div":
+                assert isinstance(a, Sym) and isinstance(b, int)
+                guards.append(cmp("==", IndexExpr(idx, mod(a.subs(pivots), b)), const(idx, 0)))
+            else:
+                assert isinstance(a, Sym) and isinstance(b, tuple)
+                e = a.subs(pivots)
+                lo, hi = b
+                guards.append(Binop("bool", "&&", cmp(">=", IndexExpr(idx, e), IndexExpr(idx, lo)),
+                                    cmp("<", IndexExpr(idx, e), IndexExpr(idx, hi))))
+        env = {v: e for v, e in pivots.items() if e != Sym.var(v, "index")}
+        free = [v for v in s.indices if v not in pivots]
+        return _Reindex([y for y in lhs if y is not None], env, free, guards)
+
+    def _implied(self, k: int, s: Statement, v: str, target: tuple[tuple, tuple[Sym, ...]] | None = None) -> bool:
+        """Whether the range of index ``v`` of statement ``s`` is exactly where one of its domain
+        accesses (or the ``target`` access, subscripts and dims) stays in bounds, so that dropping
+        the range keeps the domain."""
+        lo, hi = s.range(v).lo, s.range(v).hi
+        extra = {} if target is None else {None: target[1]}
+        accesses: list[tuple[str | None, tuple]] = [] if target is None else [(None, target[0])]
+        accesses += [(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs))]
+        accesses += [(r.tensor, r.subs) for r in reads(s.rhs) if not r.conditional]
+        accesses += [(a.tensor, a.subs) for a in s.accesses if a.kind == "exists"]
+        for tname, subs in accesses:
+            dims = extra[None] if tname is None else self.tensors[tname].dims
+            for sub, dim in zip(subs, dims):
+                if not isinstance(sub, Sym):
+                    continue
+                off = sub - Sym.var(v, "index")
+                if off.is_const() and _same(lo, Sym.of(-off.const)) and _same(hi, dim - off.const):
+                    return True
+        return False
+
+    def _covers(self, s: Statement) -> bool:
+        """Whether ``=`` statement ``s`` writes every point of its tensor."""
+        if not self._box_covers(s):
+            return False
+        rng = {r.name: (r.lo, r.hi) for r in s.ranges}
+        accs: list[tuple[str, tuple]] = [(r.tensor, r.subs) for r in reads(s.rhs) if not r.conditional]
+        accs += [(a.tensor, a.subs) for a in s.accesses if a.kind == "exists"]
+        for tname, subs in accs:
+            for sub, dim in zip(subs, self.tensors[tname].dims):
+                if not isinstance(sub, Sym):
+                    continue
+                lo, hi = bounds(sub, rng)
+                if sign_of(lo) != 1 and not (lo.is_const() and lo.const >= 0):
+                    return False
+                if sign_of(dim - 1 - hi) != 1:
+                    return False
+        return True
+
+    def _box_covers(self, s: Statement) -> bool:
+        dims = self.tensors[s.tensor].dims
+        return all(r.lo.is_const() and r.lo.const == 0 and _same(r.hi, d) for r, d in zip(s.ranges, dims))
+
+    # ---- recomputation ----
+    def _recompute(self) -> None:
+        """Statements recomputing every forward value the gradient statements read, in forward
+        order; outputs come as params, saved temporaries from the forward."""
+        todo: set[int] = set()
+        copies: set[int] = set()
+        seen: set[Version] = set()
+        outputs = {t.name for t in self.c.outputs}
+
+        def need(v: Version) -> None:
+            t, k = v
+            if k is None or v in seen:
+                return
+            seen.add(v)
+            last = k == self.writes[t][-1]
+            if last and (t in outputs or t in self.save):
+                self._param("output" if t in outputs else "saved", t, t)
+                return
+            s = self.stmts[k]
+            todo.add(k)
+            for r in reads(s.rhs):
+                need((r.tensor, self.before[k].get(r.tensor)))
+            for a in s.accesses:
+                if a.kind == "exists":
+                    need((a.tensor, self.before[k].get(a.tensor)))
+            prev = self.before[k].get(t)
+            if prev is not None and not self._overwrites(s):
+                copies.add(k)
+                need((t, prev))
+
+        for v in sorted(self.needed, key=lambda v: (v[1] is None, v[1] or 0, v[0])):
+            need(v)
+        for k in sorted(todo):
+            s = self.stmts[k]
+            t = self.tensors[s.tensor]
+            name = self.vname(s.tensor, k)
+            if k in copies:
+                prev = self.vname(s.tensor, self.before[k].get(s.tensor))
+                idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
+                self._emit(name, idx, "=", Read(t.dtype, prev, tuple(Sym.var(i, "index") for i in idx)),
+                           [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
+            where = [str(r) for r in s.ranges]
+            for a in s.accesses:
+                if a.kind == "exists" and all(x is not None for x in a.subs):
+                    where.append("exists " + read_text(self.vname(a.tensor, self.before[k].get(a.tensor)), a.subs))
+            op = s.op if s.op == "=" else f"{s.op}=" + ("!" if s.init else "")
+            self._emit(name, list(s.lhs), op, self.renamed(s.rhs, k), where)
+
+    def _overwrites(self, s: Statement) -> bool:
+        if s.init:
+            return self._box_covers(s)
+        return s.op == "=" and self._covers(s)
+
+
+def _as_read(e: TExpr) -> Read:
+    assert isinstance(e, Read)
+    return e
+
+
+def _plain_var(sub: object) -> str | None:
+    if isinstance(sub, Sym) and sub.const == 0 and len(sub.terms) == 1:
+        atom, c = sub.terms[0]
+        if c == 1 and isinstance(atom, Var) and atom.kind == "index":
+            return atom.name
+    return None
+
+
+def _nested(s: Sym, v: str) -> bool:
+    """Whether index ``v`` occurs in ``s`` inside a floor division, modulo, min or max."""
+    return any(isinstance(a, (FloorDiv, Mod, MinMax)) and v in Sym.of(a).indices() for a, _ in s.terms)
+
+
+def _same(a: Sym, b: Sym) -> bool:
+    d = a - b
+    return d.is_const() and d.const == 0
