@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
@@ -181,6 +182,13 @@ class Kernel:
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         return lower(inst, opts, strides_of(inst, inputs))
 
+    def backward_source(self, wrt: Sequence[str] | None = None) -> str:
+        """The TC text of the backward def (derived, or the one given to ``define(backward=...)``):
+        gradients of ``wrt`` (default: every float input) from the gradients of the outputs."""
+        from .autodiff import backward_of
+
+        return backward_of(self, wrt).source
+
     def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
         """The generated code for these arguments' shapes, dtypes and strides: C, or CUDA / OpenCL
         (printed on any machine; nothing is compiled)."""
@@ -228,6 +236,10 @@ class Kernel:
     @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
+        if _torch_args(args):
+            from . import torch_ops
+
+            return torch_ops.call(self, args, out=out, backend=backend, options=options)
         from . import gpurt
 
         on_device = any(gpurt.is_device_array(a) for a in args)
@@ -347,6 +359,10 @@ class GenericKernel:
     @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
+        if _torch_args(args):
+            from . import torch_ops
+
+            return torch_ops.call_generic(self, args, out=out, backend=backend, options=options)
         return self.kernel(*args)(*args, out=out, backend=backend or self.backend, options=options)
 
     def source(self, *args: Any, **kw: Any) -> str:
@@ -386,21 +402,37 @@ class Library(SimpleNamespace):
 
 @_user_facing
 def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | None = None,
-           backend: str | None = None) -> Any:
+           backend: str | None = None, backward: str | None = None, save: Any = None) -> Any:
     """Compile TC text. One def -> a ``Kernel``; several -> a ``Library``; statements without a
-    ``def`` header -> a decorator that takes the input names from the decorated function."""
+    ``def`` header -> a decorator that takes the input names from the decorated function.
+    ``backward`` is TC text of hand-written backward defs (``NAME_grad``, or the only def) used by
+    PyTorch autograd instead of derived ones; ``save`` names the temporaries the forward keeps for
+    the derived backward (a list: exactly those; a dict: overrides of the default choice)."""
     if not isinstance(source, str):
         raise TypeError("tc.define takes TC source text")
     if is_short_form(source):
+        if backward is not None or save is not None:
+            raise TcArgumentError("backward= and save= need a source with a def header")
         return ShortForm(source, filename, outputs, backend)
     module = parse(source, filename)
     kernels = [Kernel(c, backend) for c in check_module(module)]
+    if backward is not None or save is not None:
+        from .autodiff import attach
+
+        for k in kernels:
+            attach(k, backward, save, single=len(kernels) == 1)
     if len(kernels) == 1:
         return kernels[0]
     return Library(**{k.name: k for k in kernels})
 
 
 # ---- argument handling ---------------------------------------------------------------------------
+
+
+def _torch_args(args: Sequence[Any]) -> bool:
+    """Whether a call has torch tensors (then tcdsl.torch_ops runs it); never imports torch."""
+    mod = sys.modules.get("torch")
+    return mod is not None and any(isinstance(a, mod.Tensor) for a in args)
 
 
 def _check_backend(name: str) -> str:

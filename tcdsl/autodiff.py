@@ -590,3 +590,85 @@ def _nested(s: Sym, v: str) -> bool:
 def _same(a: Sym, b: Sym) -> bool:
     d = a - b
     return d.is_const() and d.const == 0
+
+
+# ---- kernels: derived or user-supplied backward defs ----------------------------------------------
+
+
+def user_backward(fwd: CheckedDef, bwd: CheckedDef) -> Backward:
+    """A hand-written backward def for ``fwd``, checked against the convention: its params are the
+    forward's inputs, then (optionally) its outputs, then the gradients of its outputs; its
+    outputs are the gradients of the forward's inputs (all of them, or the float ones), in order."""
+    n_in, n_out = len(fwd.inputs), len(fwd.outputs)
+    loc = bwd.source.name.span.location()
+    names = [t.name for t in bwd.inputs]
+    if len(names) == n_in + n_out:
+        roles = [("input", t.name) for t in fwd.inputs] + [("grad", t.name) for t in fwd.outputs]
+    elif len(names) == n_in + 2 * n_out:
+        roles = [("input", t.name) for t in fwd.inputs] + [("output", t.name) for t in fwd.outputs] + \
+            [("grad", t.name) for t in fwd.outputs]
+    else:
+        raise TcGradientError(f"backward def '{bwd.name}' takes {len(names)} params; a backward of {fwd.name} takes "
+                              f"its {n_in} inputs, optionally its {n_out} outputs, then the gradients of its "
+                              f"{n_out} outputs ({n_in + n_out} or {n_in + 2 * n_out} params)", loc)
+    floats = [t.name for t in fwd.inputs if T.is_float(t.dtype)]
+    if len(bwd.outputs) == n_in:
+        grads = [t.name for t in fwd.inputs]
+    elif len(bwd.outputs) == len(floats):
+        grads = floats
+    else:
+        raise TcGradientError(f"backward def '{bwd.name}' returns {len(bwd.outputs)} tensors; a backward of "
+                              f"{fwd.name} returns the gradient of each of its inputs ({n_in}) or of each float "
+                              f"input ({len(floats)})", loc)
+    params = tuple(Param(n, role, of) for n, (role, of) in zip(names, roles))
+    from .printer import definition
+
+    return Backward(fwd.name, bwd.name, definition(bwd.source) + "\n", params, tuple(grads), (), user=True)
+
+
+def attach(kernel: object, backward: str | None, save: Iterable[str] | Mapping[str, bool] | None,
+           single: bool = True, filename: str = "<backward>") -> None:
+    """Give ``kernel`` (a ``tcdsl.api.Kernel``) a hand-written backward def or a ``save=`` choice;
+    for one def of several (``single`` false), names that are not its own are left to the others."""
+    from .grammar import parse
+    from .sema import check_module
+
+    fwd: CheckedDef = kernel.checked  # type: ignore[attr-defined]
+    if save is not None:
+        if not single:
+            temps = {t.name for t in fwd.temps}
+            save = {n: v for n, v in save.items() if n in temps} if isinstance(save, Mapping) else \
+                [n for n in save if n in temps]
+        if any(T.is_float(t.dtype) for t in fwd.inputs):
+            _Deriver(fwd, None, save)  # validates the names now
+        kernel._save = save  # type: ignore[attr-defined]
+    if backward is None:
+        return
+    defs = {c.name: c for c in check_module(parse(backward, filename))}
+    chosen = defs.get(f"{fwd.name}_grad") or (next(iter(defs.values())) if len(defs) == 1 and single else None)
+    if chosen is None:
+        if not single:
+            return
+        raise TcGradientError(f"the backward source holds no def named '{fwd.name}_grad' for def '{fwd.name}'",
+                              fwd.source.name.span.location())
+    from .api import Kernel
+
+    bw = user_backward(fwd, chosen)
+    kernel._user_backward = (bw, Kernel(chosen))  # type: ignore[attr-defined]
+
+
+def backward_of(kernel: object, wrt: Sequence[str] | None = None) -> Backward:
+    """The backward def of a kernel (hand-written if it has one), cached per ``wrt``."""
+    user = getattr(kernel, "_user_backward", None)
+    if user is not None:
+        return user[0]  # type: ignore[no-any-return]
+    cache: dict = kernel.__dict__.setdefault("_backwards", {})
+    key = None if wrt is None else tuple(wrt)
+    bw = cache.get(key)
+    if bw is None:
+        fwd: CheckedDef = kernel.checked  # type: ignore[attr-defined]
+        save = getattr(kernel, "_save", None)
+        if key is not None:
+            save = backward_of(kernel).saved  # a subset saves what the full backward saves
+        bw = cache[key] = derive(fwd, key, save)
+    return bw  # type: ignore[no-any-return]

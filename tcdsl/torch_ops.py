@@ -1,0 +1,254 @@
+"""PyTorch glue: kernel calls on torch tensors (``torch.Tensor``s in -> ``torch.Tensor``s out).
+
+Every call goes through two ``torch.library`` custom ops, ``tcdsl::forward`` and ``tcdsl::backward``
+(each with a fake implementation, so they trace under ``torch.compile``); the forward's autograd
+formula runs the kernel's backward def (``tcdsl.autodiff``). CPU tensors are shared with the
+kernel through numpy views (no copies); outputs are allocated by torch.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import dtypes as T
+from .autodiff import Backward, backward_of, with_saved_outputs
+from .errors import TcArgumentError
+from .instance import bind_sizes, instantiate
+
+_TORCH_DTYPES = {
+    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+    "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+}
+
+
+def torch_dtype(tc_type: str) -> torch.dtype:
+    return _TORCH_DTYPES[T.canonical(tc_type)]
+
+
+def has_torch_args(args: Any) -> bool:
+    """Whether any argument is a torch tensor (never imports torch itself)."""
+    mod = sys.modules.get("torch")
+    return mod is not None and any(isinstance(a, mod.Tensor) for a in args)
+
+
+@dataclass
+class _Entry:
+    """What a ``tcdsl::forward`` or ``tcdsl::backward`` key stands for."""
+
+    kernel: Any  # the tcdsl.api.Kernel called (the forward with saved temporaries, for training)
+    backend: str | None
+    options: Any
+    owner: Any  # the user's kernel (its backward defs)
+    outputs: tuple[tuple[str, str], ...]  # (name, TC type) of each tensor the op returns
+    n_user_outputs: int
+    saved: tuple[str, ...] = ()
+    backward: Backward | None = None
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_LOCK = threading.Lock()
+
+
+def _register(entry: _Entry, base: str) -> str:
+    with _LOCK:
+        key = f"{base}#{len(_REGISTRY)}"
+        _REGISTRY[key] = entry
+    return key
+
+
+def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) -> str:
+    keys: dict = kernel.__dict__.setdefault("_torch_keys", {})
+    k = (backend, options, train)
+    key = keys.get(k)
+    if key is None:
+        c = kernel.checked
+        outs = tuple((t.name, t.dtype) for t in c.outputs)
+        run, saved = kernel, ()
+        if train and getattr(kernel, "_user_backward", None) is None:
+            saved = backward_of(kernel).saved
+            if saved:
+                from .api import Kernel
+                from .grammar import parse
+                from .sema import check_def
+
+                run = Kernel(check_def(parse(with_saved_outputs(c, saved)).defs[0]), kernel.backend, kernel.options)
+                temps = {t.name: t for t in c.temps}
+                outs += tuple((n, temps[n].dtype) for n in saved)
+        key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs), saved), c.name)
+    return key
+
+
+# ---- the custom ops -----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tcdsl::forward", mutates_args=())
+def _forward(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    e = _REGISTRY[key]
+    return _run(e, args)
+
+
+@_forward.register_fake
+def _forward_fake(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    e = _REGISTRY[key]
+    shapes = _output_shapes(e, args)
+    return [args[0].new_empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs] if args else \
+        [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
+
+
+@torch.library.custom_op("tcdsl::backward", mutates_args=())
+def _backward(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    return _run(_REGISTRY[key], args)
+
+
+@_backward.register_fake
+def _backward_fake(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    e = _REGISTRY[key]
+    assert e.backward is not None
+    inputs = {p.of: a for p, a in zip(e.backward.params, args) if p.role == "input"}
+    return [inputs[w].new_empty(inputs[w].shape, dtype=inputs[w].dtype) for w in e.backward.grads]
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    key, args = inputs
+    ctx.key = key
+    ctx.needs = [a.requires_grad for a in args]
+    ctx.n_args = len(args)
+    ctx.save_for_backward(*args, *output)
+
+
+def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
+    e = _REGISTRY[ctx.key]
+    saved = ctx.saved_tensors
+    args, outs = saved[: ctx.n_args], saved[ctx.n_args:]
+    c = e.owner.checked
+    names = [t.name for t in c.inputs]
+    wrt = [n for n, need in zip(names, ctx.needs) if need and T.is_float(dict((t.name, t.dtype) for t in c.inputs)[n])]
+    result: list[torch.Tensor | None] = [None] * len(args)
+    if not wrt:
+        return None, result
+    bw = backward_of(e.owner, wrt)
+    bkey = _backward_key(e, bw)
+    values = {n: a for n, a in zip(names, args)}
+    values.update({n: o for (n, _), o in zip(e.outputs, outs)})
+    grads_of = {n: g for (n, _), g in zip(e.outputs[: e.n_user_outputs], grads)}
+    bargs = []
+    for p in bw.params:
+        if p.role == "grad":
+            g = grads_of.get(p.of)
+            bargs.append(torch.zeros_like(values[p.of]) if g is None else g.contiguous())
+        else:
+            bargs.append(values[p.of])
+    got = _backward(bkey, bargs)
+    for w, g in zip(bw.grads, got):
+        i = names.index(w)
+        if ctx.needs[i]:
+            result[i] = g
+    return None, result
+
+
+_forward.register_autograd(_autograd, setup_context=_setup)
+
+
+def _backward_key(e: _Entry, bw: Backward) -> str:
+    keys: dict = e.owner.__dict__.setdefault("_torch_backward_keys", {})
+    k = (bw.name, bw.grads, e.backend, e.options, bw.user)
+    key = keys.get(k)
+    if key is None:
+        if bw.user:
+            kernel = e.owner._user_backward[1]
+        else:
+            from .api import define
+
+            kernel = define(bw.source, filename=f"<backward of {e.owner.name}>")
+        types = {t.name: t.dtype for t in e.owner.checked.inputs}
+        outs = tuple((w, types[w]) for w in bw.grads)
+        key = keys[k] = _register(_Entry(kernel, e.backend, e.options, e.owner, outs, len(outs), (), bw), bw.name)
+    return key
+
+
+# ---- running a kernel on tensors ----------------------------------------------------------------
+
+
+def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    c = e.kernel.checked
+    shapes = [tuple(int(n) for n in a.shape) for a in args]
+    cache: dict = e.kernel.__dict__.setdefault("_torch_shapes", {})
+    got = cache.get(tuple(shapes))
+    if got is None:
+        inst = instantiate(c, bind_sizes(c, shapes))
+        got = cache[tuple(shapes)] = dict(inst.shapes)
+    return got  # type: ignore[no-any-return]
+
+
+def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    arrays = [a.detach().numpy() for a in args]
+    shapes = _output_shapes(e, args)
+    outs = [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
+    views = [o.numpy() for o in outs]
+    e.kernel(*arrays, out=views if len(views) > 1 else views[0], backend=e.backend, options=e.options)
+    return outs
+
+
+def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
+    c = kernel.checked
+    if len(args) != len(c.inputs):
+        raise TcArgumentError(f"{c.name}() takes {len(c.inputs)} arguments ({', '.join(t.name for t in c.inputs)}), "
+                              f"got {len(args)}", c.source.name.span.location())
+    out = []
+    for t, a in zip(c.inputs, args):
+        want = torch_dtype(t.dtype)
+        if not isinstance(a, torch.Tensor):
+            if t.dims or not isinstance(a, (bool, int, float, np.generic)):
+                raise TcArgumentError(f"'{t.name}' is a {type(a).__name__} among torch tensors; pass a tensor",
+                                      t.span.location())
+            a = torch.tensor(a, dtype=want)
+        if a.dtype != want:
+            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the tensor has dtype {a.dtype}",
+                                  t.span.location())
+        if a.device.type != "cpu":
+            raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
+                                  f"'c' and 'numpy'); move it with .cpu()", t.span.location())
+        out.append(a)
+    return out
+
+
+def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None, options: Any = None) -> Any:
+    """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad."""
+    tensors = _tensors(kernel, args)
+    if out is not None:
+        return _call_out(kernel, tensors, out, backend, options)
+    train = torch.is_grad_enabled() and any(a.requires_grad for a in tensors)
+    key = _forward_key(kernel, backend, options, train)
+    n = len(kernel.checked.outputs)
+    res = _forward(key, tensors)[:n]
+    return res[0] if n == 1 else tuple(res)
+
+
+def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str | None, options: Any) -> Any:
+    if torch.is_grad_enabled() and any(a.requires_grad for a in tensors):
+        raise TcArgumentError(f"{kernel.name}(): out= records no gradient; call it without out= (or under "
+                              f"torch.no_grad())", kernel.checked.source.name.span.location())
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    for o in outs:
+        if not isinstance(o, torch.Tensor) or o.device.type != "cpu":
+            raise TcArgumentError(f"{kernel.name}(): out= takes CPU torch tensors when the inputs are tensors",
+                                  kernel.checked.source.name.span.location())
+    views = [o.detach().numpy() for o in outs]
+    kernel(*[a.detach().numpy() for a in tensors], out=views if isinstance(out, (tuple, list)) else views[0],
+           backend=backend, options=options)
+    return out
+
+
+def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None,
+                 options: Any = None) -> Any:
+    """A short-form kernel on torch tensors: the def is made from the tensors' dtypes and shapes."""
+    plain = [a.detach().numpy() if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args]
+    kernel = generic.kernel(*plain)
+    return call(kernel, args, out=out, backend=backend or generic.backend, options=options)
