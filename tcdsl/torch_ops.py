@@ -63,6 +63,7 @@ def _register(entry: _Entry, base: str) -> str:
     return key
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: run once while tracing, a constant after
 def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) -> str:
     keys: dict = kernel.__dict__.setdefault("_torch_keys", {})
     k = (backend, options, train)

@@ -1,0 +1,176 @@
+"""PyTorch integration (tcdsl.torch_ops, tcdsl.nn): tensors in and out, autograd through derived or
+hand-written backward defs (``gradcheck`` in float64 on the C backend), ``torch.compile``, modules,
+and the located errors for tensors a def does not take.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tcdsl as tc  # noqa: E402
+from tcdsl.errors import TcArgumentError  # noqa: E402
+from tcdsl.nn import TcModule  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grad_defs import CASES, GradCase, make  # noqa: E402
+
+
+def _tensors(case: GradCase, seed: int = 0) -> list:
+    out = []
+    for x in make(case, seed):
+        t = torch.from_numpy(x)
+        if t.dtype == torch.float64:
+            t.requires_grad_(True)
+        out.append(t)
+    return out
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_gradcheck_on_c_backend(case: GradCase) -> None:
+    k = tc.define(case.source, backend="c")
+    args = _tensors(case)
+    got = k(*args)
+    want = k(*[a.detach().numpy() for a in args], backend="numpy")
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert isinstance(g, torch.Tensor) and g.dtype == torch.float64
+        np.testing.assert_allclose(g.detach().numpy(), w, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(k, tuple(args), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.cpu
+def test_gradients_only_for_inputs_that_require_them() -> None:
+    k = tc.define(CASES[0].source)
+    A = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    B = torch.rand(4, 2, dtype=torch.float64)
+    (k(A, B) * 2).sum().backward()
+    np.testing.assert_allclose(A.grad.numpy(), 2 * np.ones((3, 2)) @ B.numpy().T, rtol=1e-12)
+    assert B.grad is None
+    with torch.no_grad():
+        C = k(A, B)
+    assert not C.requires_grad
+    np.testing.assert_allclose(C.numpy(), A.detach().numpy() @ B.numpy(), rtol=1e-12)
+
+
+@pytest.mark.cpu
+def test_non_contiguous_tensors_and_out() -> None:
+    k = tc.define(CASES[0].source)
+    A = torch.rand(4, 3, dtype=torch.float64).t()  # a transposed view
+    B = torch.rand(4, 2, dtype=torch.float64)
+    np.testing.assert_allclose(k(A, B).numpy(), A.numpy() @ B.numpy(), rtol=1e-12)
+    out = torch.empty(3, 2, dtype=torch.float64)
+    assert k(A, B, out=out) is out
+    np.testing.assert_allclose(out.numpy(), A.numpy() @ B.numpy(), rtol=1e-12)
+
+
+@pytest.mark.cpu
+def test_torch_compile() -> None:
+    mlp = tc.define(next(c for c in CASES if c.name == "mlp").source)
+    ln = tc.define(next(c for c in CASES if c.name == "layernorm").source)
+    torch.manual_seed(0)
+    X = torch.randn(3, 4, dtype=torch.float64)
+    W1 = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    B1 = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    W2 = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    B2 = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    G = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    Bt = torch.randn(2, dtype=torch.float64)
+
+    def model(x):
+        return (ln(mlp(x, W1, B1, W2, B2), G, Bt) ** 2).sum()
+
+    def reference(x):
+        h = torch.relu(x @ W1.t() + B1) @ W2.t() + B2
+        return (torch.nn.functional.layer_norm(h, (2,), G, Bt, eps=1e-5) ** 2).sum()
+
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    got = compiled(X)
+    got.backward()
+    grads = [p.grad.clone() for p in (W1, B1, W2, B2, G)]
+    for p in (W1, B1, W2, B2, G):
+        p.grad = None
+    want = reference(X)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    for g, p in zip(grads, (W1, B1, W2, B2, G)):
+        torch.testing.assert_close(g, p.grad, rtol=1e-7, atol=1e-9)
+
+
+BWD_SCALED = """
+def matmul_grad(double(M, K) A, double(K, N) B, double(M, N) d_C) -> (d_A, d_B) {
+  d_A(m, k) +=! 2.0 * d_C(m, n) * B(k, n)
+  d_B(k, n) +=! 3.0 * d_C(m, n) * A(m, k)
+}
+"""
+
+
+@pytest.mark.cpu
+def test_user_supplied_backward() -> None:
+    src = CASES[0].source
+    k = tc.define(src, backward=BWD_SCALED.replace("2.0 * ", "").replace("3.0 * ", ""))
+    assert k.backward_source().startswith("def matmul_grad(float64(M, K) A, float64(K, N) B, float64(M, N) d_C)")
+    args = _tensors(CASES[0])
+    assert torch.autograd.gradcheck(k, tuple(args))
+    scaled = tc.define(src, backward=BWD_SCALED)  # used as given, even when wrong
+    A, B = _tensors(CASES[0])
+    scaled(A, B).sum().backward()
+    ones = np.ones((3, 2))
+    np.testing.assert_allclose(A.grad.numpy(), 2 * ones @ B.detach().numpy().T, rtol=1e-12)
+    np.testing.assert_allclose(B.grad.numpy(), 3 * A.detach().numpy().T @ ones, rtol=1e-12)
+
+
+@pytest.mark.cpu
+def test_module_trains() -> None:
+    src = ("def cbr(float(N, C, H, W) I, float(F, C, 3, 3) Wt, float(F) Bias) -> (O) {\n"
+           "  Conv(n, f, h, w) +=! I(n, c, h + kh - 1, w + kw - 1) * Wt(f, c, kh, kw) where h in 0:H, w in 0:W\n"
+           "  O(n, f, h, w) = fmax(Conv(n, f, h, w) + Bias(f), 0.0)\n"
+           "}")
+    torch.manual_seed(0)
+    m = TcModule(src, Wt=(3, 2, 3, 3), Bias=torch.full((3,), 0.1))
+    assert sorted(n for n, _ in m.named_parameters()) == ["Bias", "Wt"] and m.input_names == ["I"]
+    x = torch.randn(2, 2, 5, 4)
+    y = m(x)
+    ref = torch.relu(torch.nn.functional.conv2d(x, m.Wt, m.Bias, padding=1))
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    y.square().sum().backward()
+    wg, bg = m.Wt.grad.clone(), m.Bias.grad.clone()
+    m.zero_grad()
+    ref.square().sum().backward()
+    torch.testing.assert_close(wg, m.Wt.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bg, m.Bias.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cpu
+def test_short_form_takes_tensors() -> None:
+    @tc.define("C(i, j) +=! A(i, k) * B(k, j)")
+    def matmul(A, B): ...
+
+    A = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    B = torch.rand(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(matmul, (A, B))
+
+
+def _located(exc: pytest.ExceptionInfo, line: int, col: int, fragment: str) -> None:
+    loc = exc.value.location
+    assert loc is not None and (loc.line, loc.col) == (line, col), loc
+    assert fragment in exc.value.message
+
+
+def test_dtype_device_and_out_errors() -> None:
+    k = tc.define("def mm(double(M, K) A,\n       double(K, N) B) -> (C) {\n  C(m, n) +=! A(m, k) * B(k, n)\n}")
+    A = torch.rand(3, 4, dtype=torch.float64)
+    with pytest.raises(TcArgumentError) as exc:
+        k(A, torch.rand(4, 2))
+    _located(exc, 2, 8, "'B' is declared float64 but the tensor has dtype torch.float32")
+    with pytest.raises(TcArgumentError) as exc:
+        k(A, torch.empty(4, 2, dtype=torch.float64, device="meta"))
+    _located(exc, 2, 8, "'B' is on meta; tcdsl runs torch tensors on the CPU")
+    with pytest.raises(TcArgumentError) as exc:
+        k(A.requires_grad_(True), torch.rand(4, 2, dtype=torch.float64), out=torch.empty(3, 2, dtype=torch.float64))
+    _located(exc, 1, 5, "out= records no gradient")
