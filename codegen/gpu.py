@@ -29,6 +29,12 @@ CUDA_PRELUDE = r"""// CUDA (NVRTC)
 #define SYNC() __syncthreads()
 #define DEVFN static __device__ inline
 #define TC_CAS(p, c, v) atomicCAS((p), (c), (v))
+#define TID_X threadIdx.x
+#define TID_Y threadIdx.y
+#define TID_Z threadIdx.z
+#define BID_X blockIdx.x
+#define BID_Y blockIdx.y
+#define BID_Z blockIdx.z
 #define INFINITY __int_as_float(0x7f800000)
 #define NAN __int_as_float(0x7fffffff)
 typedef signed char int8_t;
@@ -53,6 +59,12 @@ OPENCL_PRELUDE = r"""// OpenCL C 1.2
 #define SYNC() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
 #define DEVFN static inline
 #define TC_CAS(p, c, v) atomic_cmpxchg((volatile __global int *)(p), (c), (v))
+#define TID_X get_local_id(0)
+#define TID_Y get_local_id(1)
+#define TID_Z get_local_id(2)
+#define BID_X get_group_id(0)
+#define BID_Y get_group_id(1)
+#define BID_Z get_group_id(2)
 typedef char int8_t;
 typedef uchar uint8_t;
 typedef short int16_t;
@@ -99,12 +111,7 @@ DEVFN unsigned long tc_unz(unsigned long d, long code, GLOBAL int *err) {
 }
 """
 
-_IDS = {
-    "cuda": {"tc_tx": "threadIdx.x", "tc_ty": "threadIdx.y", "tc_tz": "threadIdx.z",
-             "tc_bx": "blockIdx.x", "tc_by": "blockIdx.y", "tc_bz": "blockIdx.z"},
-    "opencl": {"tc_tx": "get_local_id(0)", "tc_ty": "get_local_id(1)", "tc_tz": "get_local_id(2)",
-               "tc_bx": "get_group_id(0)", "tc_by": "get_group_id(1)", "tc_bz": "get_group_id(2)"},
-}
+_IDS = {"tc_tx": "TID_X", "tc_ty": "TID_Y", "tc_tz": "TID_Z", "tc_bx": "BID_X", "tc_by": "BID_Y", "tc_bz": "BID_Z"}
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ class _GpuEmitter(_Emitter):
                 w.line(f"SHARED {ctype} {b.name}[{b.elements}];  // {b.tensor}: a "
                        f"{'x'.join(map(str, b.sizes))} box")
             for v in (*THREAD_IDS, *BLOCK_IDS):
-                w.line(f"const int {v} = (int){_IDS[self.dialect][v]};")
+                w.line(f"const int {v} = (int){_IDS[v]};")
             bx, by, _ = k.block
             w.line(f"const int tc_tlin = tc_tx + {bx} * (tc_ty + {by} * tc_tz);")
             for p, v in self._params().items():

@@ -27,6 +27,7 @@ from . import astgen
 from .deps import Deps
 from .loopir import LCall, LCopy, LExpr, LFor, LIf, LInt, LMark, LNode, LOp, LSync, LVar, expr_text, expr_vars, walk
 from .schedule import check_legal
+from .transform import _distribute
 from .scop import Scop
 
 DEFAULT_TILE = (32, 32, 32)  # TC's naive mapping options
@@ -130,6 +131,41 @@ def mark_tree(sched: isl.Schedule, options: MappingOptions) -> isl.Schedule:
     return visit(sched.get_root()).get_schedule()
 
 
+def split_serial(sched: isl.Schedule, deps: Deps) -> isl.Schedule:
+    """Outer bands whose outer loop is serial (it carries a dependence, as a full reduction fused
+    with its consumer) are distributed into one band per statement, in textual order, where that
+    is legal: each then becomes a kernel of its own, whose loops can spread over blocks."""
+    root = sched.get_root()
+    tried: set[tuple[int, ...]] = set()
+    for _ in range(64):
+        path = _outer_band(root, (), tried)
+        if path is None:
+            break
+        tried.add(path)
+        node = root
+        for i in path:
+            node = node.child(i)
+        done = _distribute(node, deps)
+        if done is not None:
+            root = done.root()
+    return root.get_schedule()
+
+
+def _outer_band(node: isl.ScheduleNode, path: tuple[int, ...], skip: set[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The first outermost band (none above it) that is serial in its outer member and schedules
+    several statements."""
+    if node.get_type() == isl.schedule_node_type.band:
+        n = node.get_domain().n_set()
+        if path not in skip and not node.band_member_get_coincident(0) and n > 1:
+            return path
+        return None
+    for i in range(node.n_children()):
+        found = _outer_band(node.child(i), path + (i,), skip)
+        if found is not None:
+            return found
+    return None
+
+
 def _tile_and_mark(band: isl.ScheduleNode, tile: tuple[int, ...]) -> isl.ScheduleNode:
     n = band.band_n_member()
     sizes = [tile[i] if i < len(tile) else 0 for i in range(n)]
@@ -214,7 +250,7 @@ def map_program(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOpt
                 target: GpuTarget = SM90, name: str = "tc") -> tuple[isl.Schedule, GpuProgram]:
     """The marked schedule and the kernels: one per top-level nest of the schedule, in order."""
     check_options(options, target)
-    marked = mark_tree(sched, options)
+    marked = mark_tree(split_serial(sched, deps), options)
     check_legal(marked, deps)
     nodes, sites = build_ast(marked, scop, deps)
     budget = options.max_shared_memory if options.max_shared_memory is not None else target.max_shared
