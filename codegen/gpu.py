@@ -207,8 +207,8 @@ class _GpuEmitter(_Emitter):
                 w.line(f"const int {v} = (int){_IDS[v]};")
             bx, by, _ = k.block
             w.line(f"const int tc_tlin = tc_tx + {bx} * (tc_ty + {by} * tc_tz);")
-            for p, v in self._params().items():
-                w.line(f"const long {p} = {v};")
+            for p, value in self._params().items():
+                w.line(f"const long {p} = {value};")
             self.block = k.block
             self.pitches = {b.name: b.pitch for b in k.shared}
             for n in k.body:
@@ -223,7 +223,7 @@ class _GpuEmitter(_Emitter):
 
         for i in range(ctx.dim(isl.dim_type.param)):
             name = ctx.get_dim_name(isl.dim_type.param, i)
-            if name not in out:
+            if name is not None and name not in out:
                 val = ctx.plain_get_val_if_fixed(isl.dim_type.param, i)
                 if val.is_int():
                     out[name] = int(val.to_python())

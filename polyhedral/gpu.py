@@ -27,8 +27,8 @@ from . import astgen
 from .deps import Deps
 from .loopir import LCall, LCopy, LExpr, LFor, LIf, LInt, LMark, LNode, LOp, LSync, LVar, expr_text, expr_vars, walk
 from .schedule import check_legal
-from .transform import _distribute
 from .scop import Scop
+from .transform import _distribute
 
 DEFAULT_TILE = (32, 32, 32)  # TC's naive mapping options
 DEFAULT_BLOCKS = (256, 256)
@@ -440,8 +440,8 @@ class _Mapper:
         total: isl.Map | None = None
         for call in calls:
             site = self.sites[call.site]
-            acc = self.scop.reads.intersect_domain(isl.UnionSet.from_set(site.domain())) \
-                .intersect_range(isl.UnionSet(f"{{ {arr}[{', '.join(f'e{i}' for i in range(_rank(self.scop, tensor)))}] }}"))
+            elements = isl.UnionSet(f"{{ {arr}[{', '.join(f'e{i}' for i in range(_rank(self.scop, tensor)))}] }}")
+            acc = self.scop.reads.intersect_domain(isl.UnionSet.from_set(site.domain())).intersect_range(elements)
             if acc.is_empty():
                 continue
             m = isl.UnionMap.from_map(site).reverse().apply_range(acc)

@@ -11,8 +11,9 @@ PoCL (which adds barriers at the back edge of every loop holding one) it sees ev
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from tcdsl.affine import Sym
 from tcdsl.checked import Read, reads
@@ -204,7 +205,7 @@ def _mod(a: int, b: int) -> int:
     return a - b * _div(a, b)
 
 
-_OPS = {
+_OPS: dict[str, Callable[..., Any]] = {
     "+": lambda *a: sum(a), "-": lambda a, b: a - b, "*": lambda a, b: a * b, "neg": lambda a: -a,
     "min": min, "max": max, "floordiv": lambda a, b: a // b, "div": _div, "mod": _mod,
     "==": lambda a, b: a == b, "<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,

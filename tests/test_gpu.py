@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tcdsl as tc
-from tcdsl import TcArgumentError, TcCompileError, TcScheduleError
-from tcdsl import gpurt
+from tcdsl import TcArgumentError, TcCompileError, TcScheduleError, gpurt
 from tcdsl.codegen import nvrtc
 from tcdsl.options import FUSION, MappingOptions
 from tcdsl.polyhedral import gpucheck
@@ -247,7 +246,8 @@ def _drop_sync(nodes: tuple[LNode, ...], which: int, seen: list[int]) -> tuple[L
         elif isinstance(n, (LFor, LCopy)):
             out.append(dataclasses.replace(n, body=_drop_sync(n.body, which, seen)))
         elif isinstance(n, LIf):
-            out.append(dataclasses.replace(n, then=_drop_sync(n.then, which, seen), other=_drop_sync(n.other, which, seen)))
+            out.append(dataclasses.replace(n, then=_drop_sync(n.then, which, seen),
+                                           other=_drop_sync(n.other, which, seen)))
         else:
             out.append(n)
     return tuple(out)
