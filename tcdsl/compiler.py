@@ -24,8 +24,8 @@ from .errors import TcRuntimeError
 from .instance import Instance, fully_written
 from .options import MappingOptions
 from .polyhedral import astgen, gpu, schedule, transform
-from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.deps import Deps, dependences
+from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.loopir import LoopIR
 from .polyhedral.scop import Scop, build_scop
 
