@@ -196,5 +196,36 @@ def is_device_array(x: Any) -> bool:
     return mod.startswith("cupy")
 
 
+def is_torch_cuda(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False)
+
+
+def torch_cuda_call(kernel: Any, args: Any, out: Any = None, backend: str | None = None, options: Any = None) -> Any:
+    """``kernel`` on torch CUDA tensors: shared with cupy through DLPack (no copies), run on the
+    CUDA backend, results returned as torch tensors on the same device."""
+    import torch
+
+    if backend not in (None, "cuda"):
+        raise TcArgumentError(f"{kernel.name}(): the tensors are on a CUDA device; backend {backend!r} runs on the "
+                              "host (move them with .cpu(), or use backend='cuda')")
+    if any(getattr(a, "requires_grad", False) for a in args):
+        raise TcArgumentError(f"{kernel.name}(): gradients of CUDA tensors are not derived yet; run on CPU tensors "
+                              "or detach()")
+    cp = _cupy()
+    conv = []
+    for a in args:
+        if not is_torch_cuda(a):
+            raise TcArgumentError(f"{kernel.name}(): mixing CUDA tensors with {type(a).__name__} arguments")
+        conv.append(cp.from_dlpack(a.contiguous()))
+    res = kernel(*conv, backend="cuda", options=options)
+    values = [torch.from_dlpack(r) for r in (res if isinstance(res, tuple) else (res,))]
+    if out is not None:
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for dst, v in zip(outs, values):
+            dst.copy_(v)
+        values = outs
+    return values[0] if len(values) == 1 else tuple(values)
+
+
 __all__ = ["OpenCLKernel", "CudaKernel", "opencl", "opencl_available", "cuda_available", "cuda_target",
-           "is_device_array"]
+           "is_device_array", "is_torch_cuda", "torch_cuda_call"]
