@@ -69,8 +69,8 @@ def _compile(args: argparse.Namespace) -> int:
     kernel = _entry(args)
     options = MappingOptions.from_json(args.options) if args.options else MappingOptions()
     arrays = _arguments(kernel.checked, args.sizes)
-    if args.emit == "c":
-        print(kernel.source(*arrays, options=options), end="")
+    if args.emit in ("c", "cuda", "opencl"):
+        print(kernel.source(*arrays, backend=args.emit, options=options), end="")
     elif args.emit == "schedule":
         print(kernel.schedule(*arrays, options=options))
     else:
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("file", metavar="FILE.tc")
     comp.add_argument("--entry", help="the def to compile (default: the only one)")
     comp.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
-    comp.add_argument("--emit", choices=("c", "schedule", "explain"), default="c")
+    comp.add_argument("--emit", choices=("c", "cuda", "opencl", "schedule", "explain"), default="c")
     comp.add_argument("--options", help="mapping options as JSON (see MappingOptions.to_json)")
     comp.set_defaults(run=_compile)
     tune = sub.add_parser("tune", help="search mapping options for one def at given sizes and store the best")

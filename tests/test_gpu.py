@@ -272,6 +272,18 @@ def test_each_barrier_of_promoted_matmul_is_needed(opts: MappingOptions):
         assert found and found[0].location[0].startswith("sh"), f"barrier {which} removed: no race found"
 
 
+def test_cli_prints_cuda_and_opencl(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from tcdsl.cli import main
+
+    src = tmp_path / "mm.tc"
+    src.write_text(MATMUL)
+    assert main(["compile", str(src), "--sizes", "M=40,K=20,N=30", "--emit", "cuda"]) == 0
+    cuda = capsys.readouterr().out
+    assert "// launch tc_matmul_k1" in cuda and '#define KERNEL extern "C" __global__' in cuda
+    assert main(["compile", str(src), "--sizes", "M=40,K=20,N=30", "--emit", "opencl"]) == 0
+    assert "#define KERNEL __kernel" in capsys.readouterr().out
+
+
 def _without_sync(low: Any, which: int) -> Any:
     parts = low.source.text.split("SYNC();")
     assert len(parts) > which + 1
