@@ -290,7 +290,7 @@ class _Deriver:
         else:
             op = "+=!"
         self._emit(name, list(s.lhs), op, Select(dt, cmp("==", f, here), one, zero),
-                   ranges + self._exists(self._domain(k, s), Select(dt, cmp("==", f, here), one, zero)))
+                   ranges + self._exists(self._domain(k, s), Select(dt, cmp("==", f, here), one, zero), _box(s)))
         return Read(dt, name, here.subs)
 
     def _transition(self, k: int, s: Statement, f: TExpr, g: Read, here: Read, cnt: Read | None,
@@ -314,7 +314,7 @@ class _Deriver:
             return
         if s.op == "*":
             value = mul(g, f) or const(dt, 0)
-            self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value))
+            self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value, _box(s)))
             return
         d = diff(f, self_key) if self_key is not None else None
         if d is None and self._covers(s):
@@ -323,7 +323,7 @@ class _Deriver:
         if d is not None and d == const(dt, 1) and self._covers(s):
             return
         value = (mul(g, d) if d is not None else None) or const(dt, 0)
-        self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value))
+        self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value, _box(s)))
 
     def _update(self, V: str, idx: list[str], value: TExpr, where: list[str]) -> None:
         """``dV(idx) = value`` in place (the gradient of an output is copied first: it is an input)."""
@@ -361,7 +361,9 @@ class _Deriver:
         domain = [r for r in domain if not (r.tensor == vname and r.subs == lhs_syms)]
         where = [f"{y} in 0:{d}" for y, d in zip(ri.lhs, target.dims)]
         where += [str(s.range(v)) for v in ri.free]
-        where += self._exists(domain, value)
+        box = {y: (Sym.of(0), d) for y, d in zip(ri.lhs, target.dims)}
+        box.update({v: (s.range(v).lo, s.range(v).hi) for v in ri.free})
+        where += self._exists(domain, value, box)
         st = self.state.get(t)
         if st is None:
             name = self.fresh(f"d_{t}")
@@ -387,15 +389,30 @@ class _Deriver:
                 out.append(self._value_read(a.tensor, self.before[k].get(a.tensor), tuple(a.subs)))
         return out
 
-    def _exists(self, domain: list[Read], value: TExpr) -> list[str]:
+    def _exists(self, domain: list[Read], value: TExpr, box: dict[str, tuple[Sym, Sym]]) -> list[str]:
+        """``where exists`` clauses for the accesses of ``domain`` that ``value`` does not read at
+        every point and that may leave their tensor somewhere in ``box`` (the statement's ranges)."""
         present = {(r.tensor, r.subs) for r in uncond(value)}
         out: list[str] = []
         for r in domain:
-            if (r.tensor, r.subs) in present or not r.subs:
+            if (r.tensor, r.subs) in present or not r.subs or self._inside(r, box):
                 continue
             present.add((r.tensor, r.subs))
             out.append("exists " + read_text(r.tensor, r.subs))
         return out
+
+    def _inside(self, r: Read, box: dict[str, tuple[Sym, Sym]]) -> bool:
+        """Whether read ``r`` stays in bounds for every point of ``box`` (for all sizes)."""
+        dims = self.tensors[self.value_of[r.tensor][0]].dims if r.tensor in self.value_of else None
+        if dims is None:
+            return False
+        for sub, dim in zip(r.subs, dims):
+            if not isinstance(sub, Sym) or not sub.indices() <= box.keys():
+                return False
+            lo, hi = bounds(sub, box)
+            if sign_of(lo) != 1 or sign_of(dim - 1 - hi) != 1:
+                return False
+        return True
 
     def _emit(self, name: str, idx: list[str], op: str, value: TExpr, where: list[str]) -> None:
         self._note_reads(value)
@@ -567,6 +584,10 @@ class _Deriver:
         if s.init:
             return self._box_covers(s)
         return s.op == "=" and self._covers(s)
+
+
+def _box(s: Statement) -> dict[str, tuple[Sym, Sym]]:
+    return {r.name: (r.lo, r.hi) for r in s.ranges}
 
 
 def _as_read(e: TExpr) -> Read:
