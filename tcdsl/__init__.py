@@ -8,6 +8,7 @@ from .errors import (
                      TcArgumentError,
                      TcCompileError,
                      TcError,
+                     TcGradientError,
                      TcRangeError,
                      TcRuntimeError,
                      TcScheduleError,
@@ -27,4 +28,4 @@ def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: object) 
 
 __all__ = ["define", "autotune", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
            "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
-           "TcCompileError", "TcWarning", "__version__"]
+           "TcCompileError", "TcGradientError", "TcWarning", "__version__"]
