@@ -147,6 +147,8 @@ def _drawn_test(name: str) -> Any:
         low = k.lowered_gpu(*args, backend="opencl", options=opts)
         for kern in low.program.kernels:
             assert not gpucheck.races(kern, low.scop, 1), f"{name} with {opts}: {kern.name} races"
+        if nvrtc.available():  # the same mapping, printed as CUDA, compiles for sm_90
+            nvrtc.compile_cuda(k.lowered_gpu(*args, backend="cuda", options=opts).source.text)
 
     test.__name__ = f"test_opencl_options_{name}"
     return test
