@@ -9,12 +9,14 @@ so the CUDA and OpenCL texts differ only in their first lines.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tcdsl.affine import Sym
+from tcdsl.checked import reads
 from tcdsl.errors import TcCompileError
-from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
-from tcdsl.polyhedral.loopir import LCopy, LFor, LInt, LNode, LSync
+from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram, _trip_bound
+from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, walk
 from tcdsl.polyhedral.scop import Scop
 
 from .c import CTYPE, ErrorSite, _Emitter, _top
@@ -168,6 +170,8 @@ class _GpuEmitter(_Emitter):
         self.transposes = {}
         self.promoted: dict[str, tuple[str, tuple[str, ...], tuple[int, ...], int]] = {}
         self.pitches: dict[str, int] = {}
+        self.held: dict[int, tuple[LCall, str]] = {}  # id(reduction loop) -> (its call, register element)
+        self.slots: dict[int, tuple[str, int]] = {}  # id(thread loop) -> (slot variable, slots per thread)
         self.block = (1, 1, 1)
         big = any(math.prod(s) >= 2**31 for s in scop.inst.shapes.values())
         self.ITYPE = "long" if big else "int"
@@ -238,25 +242,22 @@ class _GpuEmitter(_Emitter):
         if isinstance(n, LCopy):
             self._copy(n)
             return
+        if isinstance(n, LFor) and id(n) in self.slots:
+            self._slot_loop(n, lambda: self._body(n.body))
+            return
         if isinstance(n, LFor) and n.mapped:
-            ident = {("block", d): v for d, v in enumerate(BLOCK_IDS)} | {("thread", d): v
-                                                                         for d, v in enumerate(THREAD_IDS)}
-            tid = ident[(n.mapped, n.dim)]
-            init = _top(self._lexpr(n.init))
-            s = n.step
-            if isinstance(n.init, LInt) and n.init.value == 0:
-                start = tid if s == 1 else f"{s} * {tid}"
-            else:
-                start = (f"{init} + {s} * tc_pmod({tid} - floord({init}, {s}), {n.count})" if s != 1 else
-                         f"{init} + tc_pmod({tid} - ({init}), {n.count})")
-            w.line(f"for ({self.ITYPE} {n.var} = {start}; {_top(self._lexpr(n.cond))}; {n.var} += {s * n.count}) "
-                   f"{{  // {n.mapped}s.{'xyz'[n.dim]}")
+            w.line(f"for ({self.ITYPE} {n.var} = {self._start(n)}; {_top(self._lexpr(n.cond))}; "
+                   f"{n.var} += {n.step * n.count}) {{  // {n.mapped}s.{'xyz'[n.dim]}")
             with w.indent():
                 self._body(n.body)
             w.line("}")
             return
         if isinstance(n, LFor):
-            if self.private_memory and self._accumulate(n):
+            held = self.held.get(id(n))
+            if held is not None:
+                self._held_loop(n, *held)
+                return
+            if self.private_memory and (self._hold_across(n) or self._accumulate(n)):
                 return
             trips = _trips(n)
             if self.unroll and self.dialect == "cuda" and trips is not None and trips <= self.unroll:
@@ -268,6 +269,102 @@ class _GpuEmitter(_Emitter):
             w.line("}")
             return
         super()._node(n)
+
+    def _start(self, n: LFor) -> str:
+        """The first iteration of mapped loop ``n`` that this block or thread runs."""
+        ident = {("block", d): v for d, v in enumerate(BLOCK_IDS)} | {("thread", d): v
+                                                                     for d, v in enumerate(THREAD_IDS)}
+        tid = ident[(n.mapped, n.dim)]
+        init = _top(self._lexpr(n.init))
+        s = n.step
+        if isinstance(n.init, LInt) and n.init.value == 0:
+            return tid if s == 1 else f"{s} * {tid}"
+        return (f"{init} + {s} * tc_pmod({tid} - floord({init}, {s}), {n.count})" if s != 1 else
+                f"{init} + tc_pmod({tid} - ({init}), {n.count})")
+
+    def _hold_across(self, n: LFor) -> bool:
+        """Private memory across a loop that every thread runs (the k tiles of a matmul): when its
+        body holds one thread region whose loops do not depend on it, around a reduction loop of
+        one statement into an element those loops fix, each thread keeps its elements in a
+        register array, loaded before the loop and written back once after it."""
+        found = _region_of(n.body)
+        if found is None:
+            return False
+        chain, red, call = found
+        st = self.scop.stmt(call.stmt)
+        s = self.c.stmts[st.number - 1]
+        if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
+            return False
+        if sum(isinstance(x, LCall) for x in walk(n.body)) != 1:
+            return False
+        args = dict(zip(st.indices, call.args))
+        if any({n.var, red.var} & expr_vars(args[i]) for i in s.lhs):
+            return False
+        slots = []
+        for f in chain:
+            trips = _trip_bound(f)
+            if trips is None or n.var in expr_vars(f.init) | expr_vars(f.cond):
+                return False
+            slots.append(-(-trips // f.count))
+        if math.prod(slots) > 64:
+            return False
+        w = self.w
+        t = self.tensors[s.tensor]
+        outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
+        target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
+        for k, (f, count) in enumerate(zip(chain, slots)):
+            self.slots[id(f)] = (f"r{k}", count)
+        acc = "acc" + "".join(f"[r{k}]" for k in range(len(chain)))
+        w.line(f"{{  // statement {s.number}: each thread keeps its elements of {s.tensor} in registers across "
+               f"{n.var}")
+        with w.indent():
+            w.line(f"{CTYPE[t.dtype]} acc{''.join(f'[{k}]' for k in slots)};")
+            self._chain_loops(chain, f"{acc} = {target};")
+            self.held[id(red)] = (call, acc)
+            w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+                   f"{n.var} += {n.step}) {{")
+            with w.indent():
+                self._body(n.body)
+            w.line("}")
+            del self.held[id(red)]
+            self._chain_loops(chain, f"{target} = {acc};")
+        w.line("}")
+        for f in chain:
+            del self.slots[id(f)]
+        return True
+
+    def _slot_loop(self, f: LFor, body: Callable[[], None]) -> None:
+        """Thread loop ``f`` as a loop over this thread's slots (a constant count, unrolled, so
+        the register array is indexed by constants): slot r holds the thread's r-th iteration."""
+        w = self.w
+        var, count = self.slots[id(f)]
+        if self.dialect == "cuda":
+            w.line("#pragma unroll")
+        w.line(f"for (int {var} = 0; {var} < {count}; {var}++) {{  // threads.{'xyz'[f.dim]}")
+        with w.indent():
+            w.line(f"const {self.ITYPE} {f.var} = {self._start(f)} + {var} * {f.step * f.count};")
+            w.line(f"if ({_top(self._lexpr(f.cond))}) {{")
+            with w.indent():
+                body()
+            w.line("}")
+        w.line("}")
+
+    def _chain_loops(self, chain: list[LFor], stmt: str) -> None:
+        def nest(k: int) -> None:
+            if k == len(chain):
+                self.w.line(stmt)
+            else:
+                self._slot_loop(chain[k], lambda: nest(k + 1))
+
+        nest(0)
+
+    def _held_loop(self, n: LFor, call: LCall, acc: str) -> None:
+        w = self.w
+        w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+               f"{n.var} += {n.step}) {{")
+        with w.indent():
+            self._statement_body(call, acc)
+        w.line("}")
 
     def _copy(self, n: LCopy) -> None:
         w = self.w
@@ -326,6 +423,30 @@ class _GpuEmitter(_Emitter):
         buf, offs, sizes, pitch = p
         texts = [checked[d] if checked is not None else self._sym(sub, env) for d, sub in enumerate(subs)]
         return f"{buf}[{self._shared_index(sizes, pitch, [f'({t} - {o})' for t, o in zip(texts, offs)])}]"
+
+
+def _region_of(body: tuple[LNode, ...]) -> tuple[list[LFor], LFor, LCall] | None:
+    """The one thread region in ``body`` (through copies and barriers): its thread loops, and
+    the reduction loop of one call they hold."""
+    regions = []
+    for x in body:
+        if isinstance(x, LCopy):
+            inner = _region_of(x.body)
+            if inner is None:
+                return None
+            regions.append(inner)
+        elif isinstance(x, LFor) and x.mapped == "thread":
+            chain = [x]
+            while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LFor) and chain[-1].body[0].mapped:
+                chain.append(chain[-1].body[0])
+            last = chain[-1].body
+            if not (len(last) == 1 and isinstance(last[0], LFor) and not last[0].mapped
+                    and len(last[0].body) == 1 and isinstance(last[0].body[0], LCall)):
+                return None
+            regions.append((chain, last[0], last[0].body[0]))
+        elif not isinstance(x, LSync):
+            return None
+    return regions[0] if len(regions) == 1 else None
 
 
 def _trips(n: LFor) -> int | None:

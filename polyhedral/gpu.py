@@ -323,6 +323,16 @@ class _Mapper:
         return rebuild(body, 0), (grid[0], grid[1], grid[2])
 
     # -- threads --
+    def _chain_starts(self, f: LFor) -> bool:
+        """Whether the thread loops start at the parallel loop ``f``: the innermost parallel loops
+        of a perfect nest go to threads (the innermost to x, for coalescing); the parallel loops
+        above them stay loops that every thread of the block runs."""
+        run, g = 1, f
+        while len(g.body) == 1 and isinstance(g.body[0], LFor) and g.body[0].parallel:
+            g = g.body[0]
+            run += 1
+        return run <= min(len(self.threads), 3)
+
     def _chain_at(self, f: LFor) -> list[LFor]:
         chain = [f]
         while len(chain) < min(len(self.threads), 3) and len(chain[-1].body) == 1 \
@@ -335,7 +345,7 @@ class _Mapper:
             if isinstance(n, LMark):
                 self._find_chains(n.body, in_point or n.name == "gpu_point", out)
             elif isinstance(n, LFor):
-                if in_point and n.parallel and not n.mapped:
+                if in_point and n.parallel and not n.mapped and self._chain_starts(n):
                     out.append(_Chain(self._chain_at(n), []))
                 else:
                     self._find_chains(n.body, in_point, out)
@@ -355,7 +365,7 @@ class _Mapper:
         for n in nodes:
             if isinstance(n, LMark):
                 out.extend(self._map_threads(n.body, in_point or n.name == "gpu_point", around))
-            elif isinstance(n, LFor) and in_point and n.parallel and not n.mapped:
+            elif isinstance(n, LFor) and in_point and n.parallel and not n.mapped and self._chain_starts(n):
                 out.extend(self._thread_region(n, around))
             elif isinstance(n, LFor) and not self._has_chain(n, in_point):
                 out.append(_only_thread_zero((_unmark(n),), range(3), self.block))  # one thread runs it all
