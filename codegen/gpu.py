@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tcdsl.affine import Sym
-from tcdsl.checked import reads
-from tcdsl.errors import TcCompileError
+from tcdsl.checked import Read, reads
 from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram, _trip_bound
 from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, walk
 from tcdsl.polyhedral.scop import Scop
@@ -37,6 +37,12 @@ CUDA_PRELUDE = r"""// CUDA (NVRTC)
 #define BID_X blockIdx.x
 #define BID_Y blockIdx.y
 #define BID_Z blockIdx.z
+static __device__ inline float tc_h(float x) {  /* x rounded to the nearest half */
+  unsigned short h; float y;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(y) : "h"(h));
+  return y;
+}
 #define INFINITY __int_as_float(0x7f800000)
 #define NAN __int_as_float(0x7fffffff)
 typedef signed char int8_t;
@@ -67,6 +73,9 @@ OPENCL_PRELUDE = r"""// OpenCL C 1.2
 #define BID_X get_group_id(0)
 #define BID_Y get_group_id(1)
 #define BID_Z get_group_id(2)
+DEVFN float tc_h(float x) {
+  ushort u; vstore_half_rte(x, 0, (__private half *)&u); return vload_half(0, (__private half *)&u);
+}
 typedef char int8_t;
 typedef uchar uint8_t;
 typedef short int16_t;
@@ -79,6 +88,9 @@ typedef ulong uint64_t;
 
 COMMON = r"""
 typedef unsigned char tc_bool;
+/* float16 tensors live in float buffers (the runtime converts); every float16 value is rounded to
+   the nearest half, so results are numpy's */
+#define _Float16 float
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
 #define tc_pmod(a, n) ((((a) % (n)) + (n)) % (n))
 #define tc_lmin(a, b) ((a) < (b) ? (a) : (b))
@@ -140,10 +152,6 @@ def emit(program: GpuProgram, scop: Scop, dialect: str, private_memory: bool = T
          unroll_copies: bool = False) -> GpuSource:
     if dialect not in DIALECTS:
         raise ValueError(dialect)
-    c = scop.inst.checked
-    for t in (*c.inputs, *c.outputs, *c.temps):
-        if t.dtype == "float16":
-            raise TcCompileError(f"'{t.name}' is float16, which the GPU backends do not support yet")
     strides = {}
     for name, shape in scop.inst.shapes.items():
         st, acc = [], 1
@@ -269,6 +277,10 @@ class _GpuEmitter(_Emitter):
             w.line("}")
             return
         super()._node(n)
+
+    def _expr(self, e: Any, env: dict[str, str], s: Any) -> str:
+        text = super()._expr(e, env, s)
+        return f"tc_h({text})" if e.dtype == "float16" and not isinstance(e, Read) else text
 
     def _start(self, n: LFor) -> str:
         """The first iteration of mapped loop ``n`` that this block or thread runs."""

@@ -624,6 +624,8 @@ def _rank(scop: Scop, tensor: str) -> int:
 def _itemsize(dtype: str) -> int:
     import numpy as np
 
+    if dtype == "float16":
+        return 4  # held as float on the device
     return int(np.dtype(dtype).itemsize) if dtype != "bool" else 1
 
 

@@ -84,13 +84,13 @@ class OpenCLKernel:
         host: dict[str, np.ndarray] = {}
         bufs: dict[str, Any] = {}
         for t in c.inputs:
-            a = np.ascontiguousarray(inputs[t.name])
+            a = np.ascontiguousarray(inputs[t.name], dtype=_device_dtype(t.dtype))
             host[t.name] = a
             bufs[t.name] = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a) if a.nbytes else \
                 cl.Buffer(ctx, mf.READ_ONLY, 1)
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
-            a = np.zeros(shape, dtype=t.dtype)
+            a = np.zeros(shape, dtype=_device_dtype(t.dtype))
             host[t.name] = a
             flags = mf.READ_WRITE | (mf.COPY_HOST_PTR if a.nbytes and t.name not in self.unwritten_ok else 0)
             bufs[t.name] = cl.Buffer(ctx, flags, hostbuf=a if flags & mf.COPY_HOST_PTR else None,
@@ -110,7 +110,7 @@ class OpenCLKernel:
             from .compiler import runtime_error
 
             raise runtime_error(self.inst, self.low.source.errors, int(err[0]), int(err[1]))
-        return {t.name: host[t.name] for t in c.outputs}
+        return {t.name: host[t.name].astype(t.dtype, copy=False) for t in c.outputs}
 
 
 # ---- CUDA -----------------------------------------------------------------------------------------
@@ -158,11 +158,11 @@ class CudaKernel:
         c = self.inst.checked
         arrays: dict[str, Any] = {}
         for t in c.inputs:
-            arrays[t.name] = cp.ascontiguousarray(cp.asarray(inputs[t.name]))
+            arrays[t.name] = cp.ascontiguousarray(cp.asarray(inputs[t.name]), dtype=_device_dtype(t.dtype))
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
             alloc = cp.empty if t.name in self.unwritten_ok else cp.zeros
-            arrays[t.name] = alloc(shape, dtype=t.dtype)
+            arrays[t.name] = alloc(shape, dtype=_device_dtype(t.dtype))
         err = cp.zeros(2, dtype=cp.int32)
         args = [arrays[n] for n in self.low.source.params] + [err]
         for fn, spec in self.kernels:
@@ -172,7 +172,12 @@ class CudaKernel:
             from .compiler import runtime_error
 
             raise runtime_error(self.inst, self.low.source.errors, int(code[0]), int(code[1]))
-        return {t.name: arrays[t.name] for t in c.outputs}
+        return {t.name: arrays[t.name].astype(t.dtype, copy=False) for t in c.outputs}
+
+
+def _device_dtype(dtype: str) -> str:
+    """float16 tensors live in float32 device buffers (holding values rounded to half)."""
+    return "float32" if dtype == "float16" else dtype
 
 
 def cuda_target() -> Any:
