@@ -71,7 +71,8 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
     if key is None:
         c = kernel.checked
         outs = tuple((t.name, t.dtype) for t in c.outputs)
-        run, saved = kernel, ()
+        run = kernel
+        saved: tuple[str, ...] = ()
         if train and getattr(kernel, "_user_backward", None) is None:
             saved = backward_of(kernel).saved
             if saved:
@@ -215,7 +216,8 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
                                   t.span.location())
         if a.device.type != "cpu":
             raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
-                                  f"'c' and 'numpy'); move it with .cpu()", t.span.location())
+                                  f"'c' and 'numpy'); move it with .cpu() (on a GPU, call the kernel on cupy arrays)",
+                                  t.span.location())
         out.append(a)
     return out
 

@@ -174,3 +174,42 @@ def test_dtype_device_and_out_errors() -> None:
     with pytest.raises(TcArgumentError) as exc:
         k(A.requires_grad_(True), torch.rand(4, 2, dtype=torch.float64), out=torch.empty(3, 2, dtype=torch.float64))
     _located(exc, 1, 5, "out= records no gradient")
+
+
+@pytest.mark.cpu
+def test_save_choices_give_the_same_gradients() -> None:
+    case = next(c for c in CASES if c.name == "softmax")
+    X = _tensors(case)[0]
+    grads = []
+    for save in (None, (), {"e": True}):
+        k = tc.define(case.source, save=save)
+        (k(X) * torch.arange(5.0, dtype=torch.float64)).sum().backward()
+        grads.append(X.grad.clone())
+        X.grad = None
+    for g in grads[1:]:
+        torch.testing.assert_close(g, grads[0], rtol=1e-12, atol=1e-12)
+    ref = X.detach().clone().requires_grad_(True)
+    (torch.softmax(ref, 1) * torch.arange(5.0, dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(grads[0], ref.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_product_reduction_fails_at_the_call_that_needs_a_gradient() -> None:
+    k = tc.define("def p(double(M, N) A) -> (P) {\n  P(i) *=! A(i, j)\n}")
+    A = torch.rand(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(k(A, backend="numpy"), A.prod(1))  # no gradient needed: runs
+    with pytest.raises(tc.TcGradientError) as exc:
+        k(A.requires_grad_(True), backend="numpy")
+    _located(exc, 2, 3, "a product reduction")
+
+
+@pytest.mark.cpu
+def test_library_with_backward_defs_by_name() -> None:
+    lib = tc.define("def twice(double(N) A) -> (B) { B(i) = 2.0 * A(i) }\n"
+                    "def square(double(N) A) -> (B) { B(i) = A(i) * A(i) }",
+                    backward="def twice_grad(double(N) A, double(N) d_B) -> (d_A) { d_A(i) = 5.0 * d_B(i) }")
+    A = torch.rand(4, dtype=torch.float64, requires_grad=True)
+    lib.twice(A).sum().backward()
+    torch.testing.assert_close(A.grad, torch.full((4,), 5.0, dtype=torch.float64))  # the given one
+    A.grad = None
+    lib.square(A).sum().backward()
+    torch.testing.assert_close(A.grad, 2 * A.detach())  # derived
