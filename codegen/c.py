@@ -166,6 +166,9 @@ def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = 
 
 
 class _Emitter:
+    ITYPE = "long"  # loop iterators and statement indices
+    LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
+
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
                  vector_math: bool, unroll: int = 0) -> None:
         self.scop = scop
@@ -521,7 +524,7 @@ class _Emitter:
         with w.indent():
             env: dict[str, str] = {}
             for k, (name, arg) in enumerate(zip(st.indices, n.args)):
-                w.line(f"const long x{k} = {_top(self._lexpr(arg))};")
+                w.line(f"const {self.ITYPE} x{k} = {_top(self._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = acc or self.scalars.get(s.tensor) or \
                 self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
@@ -560,7 +563,7 @@ class _Emitter:
         for d, sub in enumerate(subs):
             text = checked[d] if checked is not None else self._sym(sub, env)
             if strides[d] != 0:
-                terms.append(f"{text} * {strides[d]}L" if strides[d] != 1 else text)
+                terms.append(f"{text} * {strides[d]}{self.LONG}" if strides[d] != 1 else text)
         return f"{self.var[tensor]}[{' + '.join(terms) or '0'}]"
 
     def _row_access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],

@@ -183,6 +183,7 @@ class _GpuEmitter(_Emitter):
         self.block = (1, 1, 1)
         big = any(math.prod(s) >= 2**31 for s in scop.inst.shapes.values())
         self.ITYPE = "long" if big else "int"
+        self.LONG = "L" if big else ""
 
     def program(self, program: GpuProgram) -> GpuSource:
         w = self.w
@@ -265,7 +266,7 @@ class _GpuEmitter(_Emitter):
             if held is not None:
                 self._held_loop(n, *held)
                 return
-            if self.private_memory and (self._hold_across(n) or self._accumulate(n)):
+            if self.private_memory and (self._hold_across(n) or self._reduce_nest(n)):
                 return
             trips = _trips(n)
             if self.unroll and self.dialect == "cuda" and trips is not None and trips <= self.unroll:
@@ -345,6 +346,42 @@ class _GpuEmitter(_Emitter):
             del self.slots[id(f)]
         return True
 
+    def _reduce_nest(self, n: LFor) -> bool:
+        """Private memory within a thread: a nest of loops around one reduction into an element
+        the nest does not move (a conv's channel and window loops) accumulates in a register,
+        loaded before the nest and written back once after it."""
+        nest = [n]
+        while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], LFor) and not nest[-1].body[0].mapped:
+            nest.append(nest[-1].body[0])
+        if not (len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], LCall)):
+            return False
+        call = nest[-1].body[0]
+        st = self.scop.stmt(call.stmt)
+        s = self.c.stmts[st.number - 1]
+        if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
+            return False
+        args = dict(zip(st.indices, call.args))
+        if any({f.var for f in nest} & expr_vars(args[i]) for i in s.lhs):
+            return False
+        w = self.w
+        outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
+        target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
+        w.line(f"{{  // statement {s.number}: accumulate {s.tensor} in a register over "
+               f"{', '.join(f.var for f in nest)}")
+        with w.indent():
+            w.line(f"{CTYPE[self.tensors[s.tensor].dtype]} acc = {target};")
+            for f in nest:
+                w.line(f"for ({self.ITYPE} {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; "
+                       f"{f.var} += {f.step}) {{")
+                w.push()
+            self._statement_body(call, "acc")
+            for _ in nest:
+                w.pop()
+                w.line("}")
+            w.line(f"{target} = acc;")
+        w.line("}")
+        return True
+
     def _slot_loop(self, f: LFor, body: Callable[[], None]) -> None:
         """Thread loop ``f`` as a loop over this thread's slots (a constant count, unrolled, so
         the register array is indexed by constants): slot r holds the thread's r-th iteration."""
@@ -416,7 +453,7 @@ class _GpuEmitter(_Emitter):
 
     def _global(self, tensor: str, subs: list[str]) -> str:
         st = self.strides[tensor]
-        terms = [f"{s} * {st[d]}L" if st[d] != 1 else s for d, s in enumerate(subs) if st[d] != 0]
+        terms = [f"{s} * {st[d]}{self.LONG}" if st[d] != 1 else s for d, s in enumerate(subs) if st[d] != 0]
         return f"{self.var[tensor]}[{' + '.join(terms) or '0'}]"
 
     @staticmethod

@@ -300,27 +300,48 @@ class _Mapper:
 
     # -- blocks --
     def _map_blocks(self, body: tuple[LNode, ...]) -> tuple[tuple[LNode, ...], tuple[int, int, int]]:
-        chain: list[LFor] = []
-        nodes = body
-        while len(chain) < min(len(self.blocks), 3) and len(nodes) == 1 and isinstance(nodes[0], LFor) \
-                and nodes[0].parallel:
-            chain.append(nodes[0])
-            nodes = nodes[0].body
+        """The outermost parallel tile loops go to blocks (innermost of them to x). Where the tiles
+        leave none (a single tile per member: conv's batch and group loops under 32x32x32), the
+        outer parallel point loops above the thread loops go to blocks instead of running in
+        every thread of one block."""
+        chain = self._block_chain(body, allow_point=False) or self._block_chain(body, allow_point=True)
         grid = [1, 1, 1]
+        dims: dict[int, int] = {}
         for pos, f in enumerate(chain):
             d = len(chain) - 1 - pos
             trips = _trip_bound(f)
             grid[d] = self.blocks[d] if trips is None else max(1, min(self.blocks[d], trips))
+            dims[id(f)] = d
 
-        def rebuild(nodes: tuple[LNode, ...], pos: int) -> tuple[LNode, ...]:
-            if pos == len(chain):
+        def rebuild(nodes: tuple[LNode, ...]) -> tuple[LNode, ...]:
+            if len(nodes) != 1 or not dims:
                 return nodes
-            f = nodes[0]
-            assert isinstance(f, LFor)
-            d = len(chain) - 1 - pos
-            return (replace(f, body=rebuild(f.body, pos + 1), mapped="block", dim=d, count=grid[d]),)
+            n = nodes[0]
+            if isinstance(n, LMark):
+                return (LMark(n.name, rebuild(n.body)),)
+            if isinstance(n, LFor) and id(n) in dims:
+                d = dims.pop(id(n))
+                return (replace(n, body=rebuild(n.body), mapped="block", dim=d, count=grid[d]),)
+            return nodes
 
-        return rebuild(body, 0), (grid[0], grid[1], grid[2])
+        return rebuild(body), (grid[0], grid[1], grid[2])
+
+    def _block_chain(self, nodes: tuple[LNode, ...], allow_point: bool) -> list[LFor]:
+        chain: list[LFor] = []
+        in_point = False
+        while len(chain) < min(len(self.blocks), 3) and len(nodes) == 1:
+            n = nodes[0]
+            if isinstance(n, LMark):
+                if n.name == "gpu_point" and not allow_point:
+                    break
+                in_point = in_point or n.name == "gpu_point"
+                nodes = n.body
+            elif isinstance(n, LFor) and n.parallel and not (in_point and self._chain_starts(n)):
+                chain.append(n)
+                nodes = n.body
+            else:
+                break
+        return chain
 
     # -- threads --
     def _chain_starts(self, f: LFor) -> bool:

@@ -143,12 +143,13 @@ class Kernel:
                 self.compile_count += 1
         return ck
 
-    def _tuned_for(self, arrays: list[np.ndarray]) -> MappingOptions | None:
-        """Options a past search stored for these arguments, when the kernel has none of its own
-        (looked up once per argument layout; a kernel with explicit options ignores the cache)."""
+    def _tuned_for(self, arrays: list[np.ndarray], backend: str = "c") -> MappingOptions | None:
+        """Options a past search stored for these arguments and backend, when the kernel has none
+        of its own (looked up once per argument layout; a kernel with explicit options ignores the
+        cache)."""
         if self.options is not self._plain_options and self.options != MappingOptions():
             return None
-        key = tuple((a.shape, a.strides, a.dtype) for a in arrays)
+        key = (tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)
         found = self._tuned.get(key, _UNSEEN)
         if found is _UNSEEN:
             from .tuner.tune import tuned_options
@@ -156,22 +157,23 @@ class Kernel:
             found = None
             if knobs.tuning_db().exists():
                 try:
-                    found = tuned_options(self, arrays)
+                    found = tuned_options(self, arrays, backend=backend)
                 except TcError:
                     found = None  # an unreadable cache never stops a call: the defaults run
             with self._lock:
                 self._tuned[key] = found
         return found  # type: ignore[return-value]
 
-    def autotune(self, *args: Any, **settings: Any) -> Any:
-        """Search mapping options for these arguments (C backend), store the best in the tuning
-        cache and use them for later calls; returns a ``TuneResult`` (see ``tcdsl.tuner.tune``)."""
+    def autotune(self, *args: Any, backend: str = "c", **settings: Any) -> Any:
+        """Search mapping options for these arguments on ``backend`` ("c", "opencl" or "cuda"),
+        store the best in the tuning cache and use them for later calls; returns a ``TuneResult``
+        (see ``tcdsl.tuner.tune``)."""
         from .tuner.tune import autotune
 
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        result = autotune(self, arrays, **settings)
+        result = autotune(self, arrays, backend=_check_backend(backend), **settings)
         with self._lock:
-            self._tuned[tuple((a.shape, a.strides, a.dtype) for a in arrays)] = result.options
+            self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = result.options
         return result
 
     def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
@@ -254,7 +256,8 @@ class Kernel:
             arrays = _coerce_any_inputs(self.checked, args)
             inst = self._instance(arrays)
             outs = _check_out(self.checked, inst, out)
-            gk = self._gpu_for(inst, "cuda", options or self.options)
+            tuned = None if on_device else self._tuned_for(arrays, "cuda")
+            gk = self._gpu_for(inst, "cuda", options or tuned or self.options)
             res = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
             values = [res[t.name] if on_device else res[t.name].get() for t in self.checked.outputs]
             if outs is not None:
@@ -266,7 +269,7 @@ class Kernel:
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
         if be == "opencl":
-            gk = self._gpu_for(inst, "opencl", options or self.options)
+            gk = self._gpu_for(inst, "opencl", options or self._tuned_for(arrays, "opencl") or self.options)
             results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
         elif be == "c":
             arrays = [_c_ready(a) for a in arrays]

@@ -79,13 +79,11 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    if args.backend != "c":
-        raise TcArgumentError(f"tuning for backend {args.backend!r} is not available: only 'c'")
     kernel = _entry(args)
     rng = np.random.default_rng(args.seed or 0)
     arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
     result = kernel.autotune(*arrays, generations=args.generations, population=args.population,
-                             budget=args.budget, seed=args.seed, resume=args.resume)
+                             budget=args.budget, seed=args.seed, resume=args.resume, backend=args.backend)
     print(result.explain())
     print(result.options.to_json())
     return 0

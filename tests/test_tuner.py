@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import has_cuda, has_opencl
 from tuner_faults import HANG, RAISES, SEGFAULT, WRONG
 
 import tcdsl as tc
@@ -211,7 +212,44 @@ def test_cli_names_the_defs_when_the_entry_is_missing_or_unknown(tmp_path: Path,
         assert main([command, str(src), "--sizes", "M=4,K=4,N=4"]) == 1
         err = capsys.readouterr().err
         assert f"--entry must name one of the defs in {src}: mm, softmax" in err, err
-    assert main(["tune", str(src), "--entry", "mm", "--backend", "cuda"]) == 1
-    assert "only 'c'" in capsys.readouterr().err
+    if not has_cuda():
+        assert main(["tune", str(src), "--entry", "mm", "--backend", "cuda", "--sizes", "M=4,K=4,N=4"]) == 1
+        assert "needs cupy" in capsys.readouterr().err
     assert main(["compile", str(src), "--entry", "mm", "--sizes", "M=4,K=4,N=4", "--emit", "c"]) == 0
     assert "int tc_kernel(" in capsys.readouterr().out
+
+
+# ---- the GPU space (TC's options), tuned on OpenCL ----------------------------------------------------
+
+
+def test_gpu_space_round_trips_and_prunes_what_the_device_cannot_run():
+    k = tc.define(MM)
+    sp = S.gpu_space_for(k.checked, {"M": 64, "K": 48, "N": 80})
+    g = S.from_options(sp, MappingOptions())
+    assert g is not None and S.to_options(sp, g) == MappingOptions() and S.prune(sp, g) is None
+    o = MappingOptions(fusion="max", tile=(16, 8, 4), blocks=(4, 1), threads=(64, 4), shared_memory=False,
+                       private_memory=False, unroll=4, unroll_copy_shared=True)
+    assert S.to_options(sp, S.from_options(sp, o)) == o
+    assert "1024" in S.prune(sp, S.from_options(sp, MappingOptions(threads=(1024, 32))))
+    assert "under a warp" in S.prune(sp, S.from_options(sp, MappingOptions(threads=(4, 2))))
+    names = {gene.name for gene in sp.genes}
+    assert {"block_x", "block_y", "thread_x", "thread_y", "thread_z", "shared_memory", "private_memory",
+            "unroll", "unroll_copy_shared", "fusion", "gtile0", "gtile1", "gtile2"} <= names
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_opencl(), reason="no OpenCL platform")
+def test_tuning_on_opencl_stores_options_that_later_calls_use(tmp_path: Path):
+    k = tc.define(MM)
+    A = np.random.default_rng(0).standard_normal((48, 40)).astype(np.float32)
+    B = np.random.default_rng(1).standard_normal((40, 56)).astype(np.float32)
+    cache = TuningCache(tmp_path / "gpu.sqlite")
+    result = k.autotune(A, B, backend="opencl", generations=2, population=6, seed=3, cache=cache,
+                        progress=False, reps=2)
+    assert result.key.backend == "opencl" and "opencl" in result.key.arch
+    assert result.evaluations >= 6 and math.isfinite(result.time_s)
+    stored = cache.best(result.key)
+    assert stored is not None and MappingOptions.from_json(stored.options) == result.options
+    np.testing.assert_allclose(k(A, B, backend="opencl", options=result.options), A @ B, rtol=1e-4, atol=1e-4)
+    assert k._tuned_for([A, B], "opencl") == result.options  # later calls on OpenCL take them
+    assert T.key_for(k, [A, B], "opencl") != T.key_for(k, [A, B], "c")

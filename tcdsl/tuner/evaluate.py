@@ -55,14 +55,28 @@ class ArgSpec:
         return np.lib.stride_tricks.as_strided(base[offset:], self.shape, tuple(s * dt.itemsize for s in self.strides))
 
 
-def compile_candidate(source: str, specs: Sequence[ArgSpec], options_json: str) -> str | None:
-    """Build the C kernel of ``source`` for ``specs`` under the options (into the disk cache);
-    None when it compiled, else the reason. Runs in worker processes (or on a Dask worker)."""
+def compile_candidate(source: str, specs: Sequence[ArgSpec], options_json: str, backend: str = "c") -> str | None:
+    """Build the kernel of ``source`` for ``specs`` under the options (C: into the disk cache;
+    OpenCL: the platform's program cache; CUDA: checked with NVRTC where it is installed); None
+    when it compiled, else the reason. Runs in worker processes (or on a Dask worker)."""
     try:
         from tcdsl.api import define
 
         kernel = define(source)
-        kernel.compiled(*(s.dummy() for s in specs), options=MappingOptions.from_json(options_json))
+        options = MappingOptions.from_json(options_json)
+        dummies = [s.dummy() for s in specs]
+        if backend == "c":
+            kernel.compiled(*dummies, options=options)
+        elif backend == "opencl":
+            from tcdsl import gpurt
+
+            gpurt.OpenCLKernel(kernel.lowered_gpu(*dummies, backend="opencl", options=options))
+        else:
+            from tcdsl.codegen import nvrtc
+
+            low = kernel.lowered_gpu(*dummies, backend="cuda", options=options)
+            if nvrtc.available():
+                nvrtc.compile_cuda(low.source.text)
         return None
     except Exception as e:  # every failure is the candidate's: scored invalid
         return f"{type(e).__name__}: {e}"
@@ -75,15 +89,16 @@ def _flush(buf: np.ndarray) -> None:
 
 
 def time_candidate(kernel: Any, inputs: list[np.ndarray], options: MappingOptions, reps: int,
-                   flush: np.ndarray) -> tuple[float, Any]:
+                   flush: np.ndarray, backend: str = "c") -> tuple[float, Any]:
     """One warm-up call (which loads the library), then the median of ``reps`` calls, each after
-    the caches are flushed; returns (seconds, the warm-up call's outputs)."""
-    out = kernel(*inputs, backend="c", options=options)
+    the caches are flushed; returns (seconds, the warm-up call's outputs). On the GPU backends a
+    call includes its transfers and ends when the device has finished."""
+    out = kernel(*inputs, backend=backend, options=options)
     times = []
     for _ in range(reps):
         _flush(flush)
         t0 = time.perf_counter()
-        kernel(*inputs, backend="c", options=options)
+        kernel(*inputs, backend=backend, options=options)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
 
@@ -177,13 +192,14 @@ class Evaluator:
     reps: int = 5
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
     runner: str = "tcdsl.tuner.evaluate:time_candidate"  # "module:function" timing one candidate
+    backend: str = "c"  # "c", "opencl" or "cuda"
     log: Callable[[str], None] = lambda _msg: None
     best: float = math.inf
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
 
     def __post_init__(self) -> None:
         self._timer = Worker(self.runner)
-        self._timer.set_job(("job", self.source, self.inputs, self.reps))
+        self._timer.set_job(("job", self.source, self.inputs, self.reps, self.backend))
         self._compilers: list[Worker] = []
         self.specs = [ArgSpec.of(a) for a in self.inputs]
 
@@ -207,7 +223,7 @@ class Evaluator:
 
     def _compile_all(self, texts: list[str]) -> list[str | None]:
         if self.executor is not None:
-            futures = [self.executor.submit(compile_candidate, self.source, self.specs, t) for t in texts]
+            futures = [self.executor.submit(compile_candidate, self.source, self.specs, t, self.backend) for t in texts]
             out: list[str | None] = []
             for f in futures:
                 try:
@@ -224,7 +240,7 @@ class Evaluator:
         while pending or busy:
             while pending and idle:
                 w, i = idle.pop(), pending.pop(0)
-                w.send(("compile", self.source, self.specs, texts[i]))
+                w.send(("compile", self.source, self.specs, texts[i], self.backend))
                 assert w.conn is not None
                 busy[w.conn.fileno()] = (w, i, time.monotonic())
             conns = [w.conn for w, _, _ in busy.values() if w.conn is not None]

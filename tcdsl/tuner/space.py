@@ -2,8 +2,11 @@
 
 For the C backend a genome chooses the fusion strategy, whether the tiles come from the default
 heuristic or from the genome (tile sizes per band member, register tiles, a point-loop order),
-vectorisation, the parallel loop's depth and the unroll limit. Genomes that cannot run well are
-pruned before compiling (``prune``).
+vectorisation, the parallel loop's depth and the unroll limit. For the GPU backends (TC's
+options) it chooses the fusion, tile sizes, blocks and threads per dimension, shared and private
+memory, unrolling and copy unrolling. Genomes that cannot run well are pruned before compiling
+(``prune``): on the GPU, mappings the device cannot launch (the static resource proof) and blocks
+of fewer than a warp of threads.
 """
 
 from __future__ import annotations
@@ -78,13 +81,74 @@ def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
     return Space(tuple(genes))
 
 
+GPU_TILES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+GPU_BLOCKS = (1, 4, 16, 64, 256, 1024, 4096)
+GPU_THREADS = ((1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), (1, 2, 4, 8, 16, 32), (1, 2, 4))
+GPU_UNROLL = (0, 1, 2, 4, 8, 16, 32)
+WARP = 32
+
+
+def gpu_space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
+    """The genes of the GPU backends (TC's mapping options) for ``checked`` at ``sizes``."""
+    ext = extents(checked, sizes)
+    genes = [Gene("fusion", (None, *FUSION)), Gene("tiles", ("default", "explicit"))]
+    for level, e in enumerate(ext):
+        genes.append(Gene(f"gtile{level}", tuple(t for t in GPU_TILES if t < max(e, 2)) or (0,)))
+    genes += [Gene("block_x", GPU_BLOCKS), Gene("block_y", GPU_BLOCKS)]
+    genes += [Gene(f"thread_{'xyz'[d]}", GPU_THREADS[d]) for d in range(3)]
+    genes += [Gene("shared_memory", (True, False)), Gene("private_memory", (True, False)),
+              Gene("unroll", GPU_UNROLL), Gene("unroll_copy_shared", (False, True))]
+    return Space(tuple(genes))
+
+
+def _is_gpu(space: Space) -> bool:
+    return any(g.name == "thread_x" for g in space.genes)
+
+
 def _levels(space: Space) -> int:
-    """Loop levels the space has tile and register genes for."""
-    return sum(1 for g in space.genes if g.name.startswith("register"))
+    """Loop levels the space has tile (and register) genes for."""
+    return sum(1 for g in space.genes if g.name.startswith(("register", "gtile")))
+
+
+def _gpu_to_options(space: Space, v: dict[str, Any]) -> MappingOptions:
+    from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS
+
+    blocks = (v["block_x"], v["block_y"])
+    threads: tuple[int, ...] = (v["thread_x"], v["thread_y"], v["thread_z"])
+    while len(threads) > 1 and threads[-1] == 1:
+        threads = threads[:-1]
+    explicit = v["tiles"] == "explicit"
+    return MappingOptions(
+        fusion=v["fusion"], tile=tuple(v[f"gtile{i}"] for i in range(_levels(space))) if explicit else None,
+        blocks=None if blocks == DEFAULT_BLOCKS else blocks, threads=None if threads == DEFAULT_THREADS else threads,
+        shared_memory=v["shared_memory"], private_memory=v["private_memory"], unroll=v["unroll"],
+        unroll_copy_shared=v["unroll_copy_shared"])
+
+
+def _gpu_from_options(space: Space, options: MappingOptions) -> Genome | None:
+    from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS
+
+    n = _levels(space)
+    explicit = options.tile is not None
+    tile = (list(options.tile or ()) + [0] * n)[:n]
+    blocks = (list(options.blocks or DEFAULT_BLOCKS) + [1, 1])[:2]
+    threads = (list(options.threads or DEFAULT_THREADS) + [1, 1, 1])[:3]
+    values: dict[str, Any] = {"fusion": options.fusion, "tiles": "explicit" if explicit else "default",
+                              "block_x": blocks[0], "block_y": blocks[1], "shared_memory": options.shared_memory,
+                              "private_memory": options.private_memory, "unroll": options.unroll,
+                              "unroll_copy_shared": options.unroll_copy_shared}
+    values.update({f"thread_{'xyz'[d]}": threads[d] for d in range(3)})
+    values.update({f"gtile{i}": tile[i] for i in range(n)})
+    try:
+        return space.encode(values)
+    except ValueError:
+        return None
 
 
 def to_options(space: Space, genome: Genome) -> MappingOptions:
     v = space.decode(genome)
+    if _is_gpu(space):
+        return _gpu_to_options(space, v)
     n = _levels(space)
     explicit = v["tiles"] == "explicit"
     return MappingOptions(
@@ -97,6 +161,8 @@ def to_options(space: Space, genome: Genome) -> MappingOptions:
 
 def from_options(space: Space, options: MappingOptions) -> Genome | None:
     """The genome of ``options``, or None where the space has no such choice."""
+    if _is_gpu(space):
+        return _gpu_from_options(space, options)
     n = _levels(space)
     explicit = options.tile is not None or options.register_tile is not None or options.point_order is not None
     tile = (list(options.tile or ()) + [0] * n)[:n] if explicit else [0] * n
@@ -113,7 +179,19 @@ def from_options(space: Space, options: MappingOptions) -> Genome | None:
 
 
 def prune(space: Space, genome: Genome) -> str | None:
-    """Why ``genome`` is not worth compiling, or None: a register tile beyond the registers spills."""
+    """Why ``genome`` is not worth compiling, or None: a register tile beyond the registers spills;
+    a GPU mapping the device cannot run, or blocks of fewer threads than a warp."""
+    if _is_gpu(space):
+        from tcdsl.errors import TcScheduleError
+        from tcdsl.polyhedral.gpu import SM90, check_options
+
+        options = to_options(space, genome)
+        try:
+            check_options(options, SM90)
+        except TcScheduleError as e:
+            return str(e)
+        threads = math.prod(options.threads or (32, 8))
+        return f"{threads} threads per block, under a warp" if threads < WARP else None
     v = space.decode(genome)
     if v["tiles"] == "explicit":
         acc = math.prod(v[f"register{i}"] for i in range(_levels(space)))

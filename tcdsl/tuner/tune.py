@@ -90,21 +90,45 @@ def machine() -> tuple[str, str]:
     return name, platform.machine() + flags
 
 
-def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> TuneKey:
-    from tcdsl import __version__
+def device_for(backend: str) -> tuple[str, str, str]:
+    """(device name, architecture, compiler) that results on ``backend`` depend on."""
     from tcdsl.codegen import toolchain
 
+    if backend == "opencl":
+        from tcdsl import gpurt
+
+        cl, ctx, _ = gpurt.opencl()
+        dev = ctx.devices[0]
+        return dev.name, f"opencl-{dev.type}", f"{dev.platform.name} {dev.driver_version}"
+    if backend == "cuda":
+        from tcdsl import gpurt
+        from tcdsl.codegen import nvrtc
+
+        target = gpurt.cuda_target()
+        name = target.name
+        if gpurt.cuda_available():
+            import cupy
+
+            name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        return name, target.name, "nvrtc {}.{}".format(*nvrtc.version())
     device, arch = machine()
+    return device, arch, toolchain.compiler_version(tuple(toolchain.compiler()))
+
+
+def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> TuneKey:
+    from tcdsl import __version__
+
+    device, arch, compiler = device_for(backend)
     return TuneKey(tc=S.canonical_text(kernel.checked), entry=kernel.checked.name,
                    shapes=tuple(tuple(a.shape) for a in arrays), dtypes=tuple(a.dtype.str for a in arrays),
                    strides=tuple(tuple(s // a.itemsize for s in a.strides) for a in arrays),
-                   backend=backend, device=device, arch=arch,
-                   compiler=toolchain.compiler_version(tuple(toolchain.compiler())), version=__version__)
+                   backend=backend, device=device, arch=arch, compiler=compiler, version=__version__)
 
 
-def tuned_options(kernel: Any, arrays: Sequence[np.ndarray], cache: TuningCache | None = None) -> MappingOptions | None:
-    """The options a past search stored for this kernel and these arguments, if any."""
-    entry = (cache or TuningCache()).best(key_for(kernel, arrays))
+def tuned_options(kernel: Any, arrays: Sequence[np.ndarray], cache: TuningCache | None = None,
+                  backend: str = "c") -> MappingOptions | None:
+    """The options a past search stored for this kernel, these arguments and backend, if any."""
+    entry = (cache or TuningCache()).best(key_for(kernel, arrays, backend))
     return MappingOptions.from_json(entry.options) if entry is not None else None
 
 
@@ -113,19 +137,25 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
              budget: float | None = None, seed: int | None = None, resume: bool = False,
              executor: Executor | None = None, cache: TuningCache | None = None, progress: bool = True,
              reps: int = 5, run_timeout: float = 60.0, compile_timeout: float = 300.0,
-             runner: str = "tcdsl.tuner.evaluate:time_candidate") -> TuneResult:
-    """Search mapping options for ``kernel`` on ``arrays`` (C backend); see the module docstring."""
+             runner: str = "tcdsl.tuner.evaluate:time_candidate", backend: str = "c") -> TuneResult:
+    """Search mapping options for ``kernel`` on ``arrays`` on ``backend`` (the C space, or TC's
+    GPU options for "opencl" and "cuda"); see the module docstring."""
+    if backend == "cuda":
+        from tcdsl import gpurt
+
+        gpurt._cupy()  # no device: say so now, not once per candidate
     cache = cache or TuningCache()
     checked = kernel.checked
     inst = kernel.instance(*arrays)
-    space = S.space_for(checked, dict(inst.sizes))
-    key = key_for(kernel, arrays)
+    space = S.space_for(checked, dict(inst.sizes)) if backend == "c" else S.gpu_space_for(checked, dict(inst.sizes))
+    key = key_for(kernel, arrays, backend)
     config = GAConfig(generations=generations, population=population, crossover=crossover, mutation=mutation,
                       elites=min(elites, population - 1), patience=patience, budget_s=budget, seed=seed)
     reference = kernel(*arrays, backend="numpy")
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
-                          run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner)
+                          run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
+                          backend=backend)
     evaluate = _Evaluate(space, evaluator, budget)
     seeds = _seeds(space, cache, key)
     bar = _Progress(config.generations, progress)

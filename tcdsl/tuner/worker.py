@@ -24,8 +24,8 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 
 def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
-    """Answer requests until the pipe closes: ("job", source, inputs, reps) -> ("ok", "job");
-    ("compile", source, specs, options) -> ("ok",) or ("error", why); ("prepare", options) -> the
+    """Answer requests until the pipe closes: ("job", source, inputs, reps, backend) -> ("ok", "job");
+    ("compile", source, specs, options, backend) -> ("ok",) or ("error", why); ("prepare", options) -> the
     same, for the job's kernel in this process; ("time", options,
     want_outputs) -> ("ok", seconds, outputs or None) or ("error", why). ``runner_path``
     ("module:function", with ``time_candidate``'s signature) times a candidate."""
@@ -33,6 +33,7 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
     kernel: Any = None
     inputs: list[np.ndarray] = []
     reps = 5
+    backend = "c"
     flush = np.ones(FLUSH_BYTES // 8, np.int64)  # touched now: no page faults while timing
     while True:
         try:
@@ -44,15 +45,24 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
                 from tcdsl.api import define
 
                 kernel, inputs, reps = define(msg[1]), msg[2], msg[3]
+                backend = msg[4] if len(msg) > 4 else "c"
                 replies.send(("ok", "job"))
             elif msg[0] == "compile":
-                err = compile_candidate(msg[1], msg[2], msg[3])
+                err = compile_candidate(*msg[1:])
                 replies.send(("ok",) if err is None else ("error", err))
             elif msg[0] == "prepare":  # lower and load the candidate before it is timed
-                kernel.compiled(*inputs, options=MappingOptions.from_json(msg[1]))
+                options = MappingOptions.from_json(msg[1])
+                if backend == "c":
+                    kernel.compiled(*inputs, options=options)
+                else:  # lowered, built and run once
+                    kernel(*inputs, backend=backend, options=options)
                 replies.send(("ok",))
             elif msg[0] == "time":
-                seconds, out = runner(kernel, inputs, MappingOptions.from_json(msg[1]), reps, flush)
+                options = MappingOptions.from_json(msg[1])
+                if backend == "c":
+                    seconds, out = runner(kernel, inputs, options, reps, flush)
+                else:
+                    seconds, out = runner(kernel, inputs, options, reps, flush, backend=backend)
                 replies.send(("ok", seconds, out if msg[2] else None))
         except Exception as e:
             replies.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
