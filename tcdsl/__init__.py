@@ -3,6 +3,8 @@
 ``tc.define(source)`` turns TC text into kernels callable on arrays; see the README.
 """
 
+from typing import Any
+
 from .api import GenericKernel, Kernel, Library, define
 from .errors import (
                      TcArgumentError,
@@ -22,7 +24,7 @@ from .options import MappingOptions
 __version__ = "0.1.0"
 
 
-def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: object) -> object:
+def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> object:
     """``kernel.autotune(*args, **settings)``: search mapping options, store and use the best."""
     return kernel.autotune(*args, **settings)
 
