@@ -320,8 +320,8 @@ class _Deriver:
         if d is None and self._covers(s):
             del self.state[V]
             return
-        if d is not None and d == const(dt, 1) and self._covers(s):
-            return
+        if d is not None and d == const(dt, 1):
+            return  # V(l) = V(l) + ...: the gradient passes through unchanged
         value = (mul(g, d) if d is not None else None) or const(dt, 0)
         self._update(V, list(s.lhs), value, lhs_ranges + self._exists(self._domain(k, s), value, _box(s)))
 
@@ -381,13 +381,21 @@ class _Deriver:
         out = [g]
         for r in reads(s.rhs):
             if not r.conditional and all(isinstance(x, Sym) for x in r.subs):
-                out.append(self._value_read(r.tensor, self.before[k].get(r.tensor), r.subs))
+                out.append(self._shape_read(r.tensor, self.before[k].get(r.tensor), r.subs))
         for a in s.accesses:
             if a.kind == "exists":
                 if any(x is None for x in a.subs):
                     continue
-                out.append(self._value_read(a.tensor, self.before[k].get(a.tensor), tuple(a.subs)))
+                out.append(self._shape_read(a.tensor, self.before[k].get(a.tensor), tuple(a.subs)))
         return out
+
+    def _shape_read(self, t: str, k: int | None, subs: tuple) -> Read:
+        """A read of a tensor shaped like ``t`` for a ``where exists`` clause: ``t``'s gradient when
+        the backward has one at this point (saves recomputing a value only its shape is needed of)."""
+        st = self.state.get(t)
+        if k is not None and st is not None:
+            return Read(self.tensors[t].dtype, st[1], subs)
+        return self._value_read(t, k, subs)
 
     def _exists(self, domain: list[Read], value: TExpr, box: dict[str, tuple[Sym, Sym]]) -> list[str]:
         """``where exists`` clauses for the accesses of ``domain`` that ``value`` does not read at
@@ -403,9 +411,11 @@ class _Deriver:
 
     def _inside(self, r: Read, box: dict[str, tuple[Sym, Sym]]) -> bool:
         """Whether read ``r`` stays in bounds for every point of ``box`` (for all sizes)."""
-        dims = self.tensors[self.value_of[r.tensor][0]].dims if r.tensor in self.value_of else None
-        if dims is None:
+        of = self.value_of[r.tensor][0] if r.tensor in self.value_of else \
+            next((t for t, (_, name) in self.state.items() if name == r.tensor), None)
+        if of is None:
             return False
+        dims = self.tensors[of].dims
         for sub, dim in zip(r.subs, dims):
             if not isinstance(sub, Sym) or not sub.indices() <= box.keys():
                 return False
