@@ -478,8 +478,10 @@ class _Deriver:
             pivots = {u: e.subs({v: sol}) for u, e in pivots.items()}
             pivots[v] = sol
         for v in pivots:
-            if not self._implied(k, s, v, (subs, target.dims)):
-                raw.append(("box", Sym.var(v, "index"), rng[v]))
+            lo_ok, hi_ok = self._implied_sides(k, s, v, (subs, target.dims))
+            if not (lo_ok and hi_ok):
+                lo, hi = rng[v]
+                raw.append(("box", Sym.var(v, "index"), (None if lo_ok else lo, None if hi_ok else hi)))
         guards: list[TExpr] = []
         idx = T.INDEX
         for kind, a, b in raw:
@@ -494,31 +496,39 @@ class _Deriver:
                 assert isinstance(a, Sym) and isinstance(b, tuple)
                 e = a.subs(pivots)
                 lo, hi = b
-                guards.append(Binop("bool", "&&", cmp(">=", IndexExpr(idx, e), IndexExpr(idx, lo)),
-                                    cmp("<", IndexExpr(idx, e), IndexExpr(idx, hi))))
+                if lo is not None:
+                    guards.append(cmp(">=", IndexExpr(idx, e), IndexExpr(idx, lo)))
+                if hi is not None:
+                    guards.append(cmp("<", IndexExpr(idx, e), IndexExpr(idx, hi)))
         env = {v: e for v, e in pivots.items() if e != Sym.var(v, "index")}
         free = [v for v in s.indices if v not in pivots]
         return _Reindex([y for y in lhs if y is not None], env, free, guards)
 
     def _implied(self, k: int, s: Statement, v: str, target: tuple[tuple, tuple[Sym, ...]] | None = None) -> bool:
-        """Whether the range of index ``v`` of statement ``s`` is exactly where one of its domain
-        accesses (or the ``target`` access, subscripts and dims) stays in bounds, so that dropping
-        the range keeps the domain."""
+        return all(self._implied_sides(k, s, v, target))
+
+    def _implied_sides(self, k: int, s: Statement, v: str,
+                       target: tuple[tuple, tuple[Sym, ...]] | None = None) -> tuple[bool, bool]:
+        """Whether the lower and the upper bound of index ``v``'s range in statement ``s`` are each
+        where one of its domain accesses (or the ``target`` access, subscripts and dims) leaves its
+        tensor, so that dropping that bound keeps the domain."""
         lo, hi = s.range(v).lo, s.range(v).hi
         extra = {} if target is None else {None: target[1]}
         accesses: list[tuple[str | None, tuple]] = [] if target is None else [(None, target[0])]
         accesses += [(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs))]
         accesses += [(r.tensor, r.subs) for r in reads(s.rhs) if not r.conditional]
         accesses += [(a.tensor, a.subs) for a in s.accesses if a.kind == "exists"]
+        lo_ok = hi_ok = False
         for tname, subs in accesses:
             dims = extra[None] if tname is None else self.tensors[tname].dims
             for sub, dim in zip(subs, dims):
                 if not isinstance(sub, Sym):
                     continue
                 off = sub - Sym.var(v, "index")
-                if off.is_const() and _same(lo, Sym.of(-off.const)) and _same(hi, dim - off.const):
-                    return True
-        return False
+                if off.is_const():
+                    lo_ok = lo_ok or _same(lo, Sym.of(-off.const))
+                    hi_ok = hi_ok or _same(hi, dim - off.const)
+        return lo_ok, hi_ok
 
     def _covers(self, s: Statement) -> bool:
         """Whether ``=`` statement ``s`` writes every point of its tensor."""

@@ -144,6 +144,14 @@ CASES: list[GradCase] = [
              "    U(i) = x(i / 2) * x(N - 1 - i / 2) where i in 0:2*N\n"
              "}",
              ((4, 4), (4,))),
+    GradCase("conditional_reads_and_updates",
+             "def misc(double(N) A, double(N) B, double(3) T) -> (O, P, Q) {\n"
+             "    O(i) = A(i) > 0.0 ? B(i + 1) : A(i) * A(i) where i in 0:N - 1\n"
+             "    P(i) = O(i) * T(i % 3) where i in 0:N - 1\n"
+             "    P(i) *= exp(O(i)) where exists A(i + 2)\n"
+             "    Q(i) +=! s * B(N - 1 - i - k) where s = A(i + k) * 2.0, k in 0:2\n"
+             "}",
+             ((7,), (7,), (3,))),
     GradCase("min_max_after_init",
              "def mm_init(double(M, R) A, double(M) B) -> (Mx, Mn) {\n"
              "    Mx(i) = B(i)\n"
