@@ -167,6 +167,7 @@ def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = 
 
 class _Emitter:
     ITYPE = "long"  # loop iterators and statement indices
+    IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
@@ -204,6 +205,7 @@ class _Emitter:
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
         if self.transposes:
             w.raw(transpose.HELPER)
+        self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "
@@ -225,6 +227,8 @@ class _Emitter:
         with w.indent():
             self._declare_scalars(ir.body)
             for pos, n in enumerate(ir.body):
+                if self._elided(n):
+                    continue
                 for name in resets.get(pos, []):
                     size = memshare.elements(self.shapes[name])
                     w.line(f"memset({self.var[name]}, 0, {size}L * sizeof({CTYPE[self.tensors[name].dtype]}));  "
@@ -238,6 +242,12 @@ class _Emitter:
         return CSource(self.fn, w.text(), self.order, tuple(self.errors),
                        tuple(sorted({*self.contracted, *self.rows})),
                        tuple(sorted((n, o) for n, o in owners.items() if n != o)), tuple(sorted(sizes.items())))
+
+    def _elided(self, n: LNode) -> bool:
+        """A top-level nest of initialisations that the register tiles make redundant."""
+        names = {x.stmt for x in walk((n,)) if isinstance(x, LCall)}
+        return bool(names) and all(name.startswith("init") and int(name[4:]) in self.identity_start
+                                   for name in names)
 
     def _body(self, body: tuple[LNode, ...]) -> None:
         self._declare_scalars(body)
@@ -383,7 +393,10 @@ class _Emitter:
                f"across {rt.loop.var}")
         with w.indent():
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
-            self._tile_loops(rt, f"{acc} = {target};")
+            if s.number in self.identity_start:  # the tile runs the whole reduction: no load, no init nest
+                self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
+            else:
+                self._tile_loops(rt, f"{acc} = {target};")
             for loop in rt.serial:
                 w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
                        f"{loop.var} += {loop.step}) {{")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tcdsl.checked import CheckedDef
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LNode, LOp, LVar, expr_vars
+from tcdsl.checked import CheckedDef, Statement
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, expr_vars
 from tcdsl.polyhedral.scop import Scop
 
 MAX_ELEMENTS = 512
@@ -107,3 +107,92 @@ def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:
         other = b if a == LVar(var) else a if b == LVar(var) else None
         return other is not None and not (expr_vars(other) & set(inner))
     return False
+
+
+def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) -> set[int]:
+    """The ``!`` statements whose register tiles can start from the identity instead of loading
+    the target (so their separate initialisation nests can go: maxpool writes and re-reads O
+    once less): every update of the statement sits in a register tile whose serial loops run the
+    whole, rectangular reduction of each element, every element the initialisation writes is
+    updated, and the initialisation has top-level nests of its own."""
+    tiles: dict[str, list[RegisterTile]] = {}
+    calls: dict[str, int] = {}
+
+    def visit(nodes: tuple[LNode, ...]) -> None:
+        for n in nodes:
+            if isinstance(n, LFor):
+                rt = match(n, scop, checked)
+                if rt is not None:
+                    tiles.setdefault(rt.call.stmt, []).append(rt)
+                    calls[rt.call.stmt] = calls.get(rt.call.stmt, 0) + 1
+                    continue
+                visit(n.body)
+            elif isinstance(n, LIf):
+                visit(n.then)
+                visit(n.other)
+            elif isinstance(n, LCall):
+                calls[n.stmt] = calls.get(n.stmt, 0) + 1
+
+    visit(body)
+    out: set[int] = set()
+    for s in checked.stmts:
+        name = f"S{s.number}"
+        if not s.init or name not in tiles or calls.get(name) != len(tiles[name]):
+            continue
+        if not all(_whole_reduction(rt, scop, s) for rt in tiles[name]):
+            continue
+        if not _init_nests_apart(body, f"init{s.number}") or not _updates_cover_init(scop, s.number):
+            continue
+        out.add(s.number)
+    return out
+
+
+def _whole_reduction(rt: RegisterTile, scop: Scop, s: Statement) -> bool:
+    from tcdsl.affine import Sym
+
+    st = scop.stmt(rt.call.stmt)
+    args = dict(zip(st.indices, rt.call.args))
+    reductions = list(s.reductions)
+    if len(rt.serial) != len(reductions):
+        return False
+    sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
+    ranges = {r.name: r for r in s.ranges}
+    for f in rt.serial:
+        r = next((x for x in reductions if args[x] == LVar(f.var)), None)
+        if r is None or f.step != 1 or not isinstance(f.init, LInt):
+            return False
+        lo, hi = ranges[r].lo.subs(sizes), ranges[r].hi.subs(sizes)
+        c = f.cond
+        if lo.terms or hi.terms or not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)
+                                         and isinstance(c.args[1], LInt)):
+            return False
+        last = c.args[1].value - (1 if c.op == "<" else 0)
+        if f.init.value != lo.const or last != hi.const - 1:
+            return False
+    return True
+
+
+def _init_nests_apart(body: tuple[LNode, ...], init: str) -> bool:
+    """Every call of ``init`` is in a top-level nest that calls nothing else."""
+    from tcdsl.polyhedral.loopir import walk
+
+    for n in body:
+        names = {x.stmt for x in walk((n,)) if isinstance(x, LCall)}
+        if init in names and names != {init}:
+            return False
+    return True
+
+
+def _updates_cover_init(scop: Scop, number: int) -> bool:
+    """Each element the initialisation writes is updated at least once."""
+    import islpy as isl
+
+    st = scop.stmt(f"S{number}")
+    init = scop.stmt(f"init{number}")
+    pos = {name: k for k, name in enumerate(st.indices)}
+    src = ", ".join(f"i{k}" for k in range(len(st.indices)))
+    dst = ", ".join(f"i{pos[name]}" for name in init.indices)
+    proj = isl.UnionMap(f"{{ S{number}[{src}] -> init{number}[{dst}] }}")
+    updated = scop.domain.intersect(isl.UnionSet(f"{{ S{number}[{src}] }}")).apply(proj)
+    inits = scop.domain.intersect(isl.UnionSet(f"{{ init{number}[{dst}] }}"))
+    return bool(inits.is_subset(updated))
