@@ -13,7 +13,7 @@ backward def, except temporaries written by reductions (saved by the forward by 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from . import dtypes as T
@@ -47,7 +47,8 @@ class Backward:
     source: str
     params: tuple[Param, ...]
     grads: tuple[str, ...]  # forward inputs whose gradients the def returns, in order
-    saved: tuple[str, ...] = ()
+    saved: tuple[str, ...] = ()  # values the forward also returns: temporaries, earlier versions of a tensor
+    forward_source: str | None = None  # the forward def returning them too (None: nothing saved)
     user: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
@@ -74,6 +75,12 @@ def default_saved(checked: CheckedDef) -> set[str]:
     """Temporaries worth keeping from the forward: those some statement writes by a reduction."""
     temps = {t.name for t in checked.temps}
     return {s.tensor for s in checked.stmts if s.tensor in temps and s.reductions}
+
+
+def saved_types(bw: Backward, checked: CheckedDef) -> dict[str, str]:
+    """The TC type of each value ``bw`` saves."""
+    types = {t.name: t.dtype for t in checked.temps + checked.outputs}
+    return {p.name: types[p.of] for p in bw.params if p.role == "saved"}
 
 
 @dataclass
@@ -108,9 +115,12 @@ class _Deriver:
             self.before.append(dict(current))
             self.writes.setdefault(s.tensor, []).append(k)
             current[s.tensor] = k
-        self.save = self._save_set(save)
-        self.active = self._active()
         self.vnames: dict[Version, str] = {}
+        for k, s in enumerate(self.stmts):  # earlier versions of a tensor written more than once
+            if k != self.writes[s.tensor][-1]:
+                self.vnames[(s.tensor, k)] = self.fresh(f"{s.tensor}_{k + 1}")
+        self.save, self.exact = self._save_set(save)
+        self.active = self._active()
         self.value_of: dict[str, Version] = {}  # backward name -> forward value version
         self.lines: list[str] = []
         self.state: dict[str, tuple[str, str]] = {}  # tensor -> ("param" | "work", gradient name)
@@ -119,20 +129,33 @@ class _Deriver:
         self.needed: set[Version] = set()
 
     # ---- setup ----
-    def _save_set(self, save: Iterable[str] | Mapping[str, bool] | None) -> set[str]:
+    def _save_set(self, save: Iterable[str] | Mapping[str, bool] | None) -> tuple[set[str], bool]:
+        """The names of the values the forward keeps (temporaries, and earlier versions of tensors
+        written more than once, by their names in the backward def), and whether that set is exact
+        (else earlier versions written by reductions are kept too)."""
         temps = {t.name for t in self.c.temps}
+        names = temps | set(self.vnames.values())
         chosen = default_saved(self.c)
         if save is None:
-            return chosen
+            return chosen, False
         items = dict(save) if isinstance(save, Mapping) else {n: True for n in save}
         if not isinstance(save, Mapping):
             chosen = set()
         for n, keep in items.items():
-            if n not in temps:
+            if n not in names:
                 raise TcGradientError(f"save= names '{n}', which is not a temporary of {self.c.name}",
                                       self.c.source.name.span.location())
             (chosen.add if keep else chosen.discard)(n)
-        return chosen
+        return chosen, not isinstance(save, Mapping)
+
+    def _keeps(self, t: str, k: int) -> bool:
+        """Whether the forward keeps the value of ``t`` after statement ``k`` for the backward."""
+        if k == self.writes[t][-1]:
+            return t in self.save
+        name = self.vnames[(t, k)]
+        if name in self.save or self.exact:
+            return name in self.save
+        return bool(self.stmts[k].reductions)
 
     def _active(self) -> set[str]:
         active = set(self.wrt)
@@ -155,12 +178,7 @@ class _Deriver:
 
     # ---- values of the forward ----
     def vname(self, t: str, k: int | None) -> str:
-        if k is None or k == self.writes[t][-1]:
-            name = t
-        elif (t, k) in self.vnames:
-            name = self.vnames[(t, k)]
-        else:
-            name = self.vnames[(t, k)] = self.fresh(f"{t}_{k + 1}")
+        name = t if k is None or k == self.writes[t][-1] else self.vnames[(t, k)]
         self.value_of[name] = (t, k)
         return name
 
@@ -210,13 +228,50 @@ class _Deriver:
         name = self.fresh(f"{c.name}_grad")
         body = [f"  {line}" for line in self.lines + grad_lines]
         source = "\n".join([f"def {name}({', '.join(inputs)}) -> ({', '.join(outs)}) {{", *body, "}"]) + "\n"
-        saved = tuple(p.of for p in params if p.role == "saved")
-        return Backward(c.name, name, source, tuple(params), tuple(self.wrt), saved)
+        saved = tuple(p.name for p in params if p.role == "saved")
+        return Backward(c.name, name, source, tuple(params), tuple(self.wrt), saved, self._forward_with(saved))
+
+    def _forward_with(self, saved: tuple[str, ...]) -> str | None:
+        """The forward def returning ``saved`` too: its own text when only temporaries are saved,
+        else its statements with each saved earlier version written to a tensor of its own."""
+        if not saved:
+            return None
+        versions = {v: n for v, n in self.vnames.items() if n in saved}
+        if not versions:
+            return with_saved_outputs(self.c, saved)
+        c = self.c
+
+        def holder(t: str, k: int | None) -> str:
+            return t if k is None or (t, k) not in versions else versions[(t, k)]
+
+        lines = []
+        for k, s in enumerate(self.stmts):
+            t = self.tensors[s.tensor]
+            name, prev = holder(s.tensor, k), self.before[k].get(s.tensor)
+            if prev is not None and holder(s.tensor, prev) != name and not self._overwrites(s):
+                lines.append(_copy_text(name, holder(s.tensor, prev), t, self.fresh))
+            lines.append(self._statement_text(k, name, lambda r, k=k: holder(r, self.before[k].get(r))))
+        head = f"def {c.name}({', '.join(t.decl() for t in c.inputs)}) -> " \
+               f"({', '.join([t.name for t in c.outputs] + list(saved))}) {{"
+        return "\n".join([head, *(f"  {x}" for x in lines), "}"]) + "\n"
+
+    def _statement_text(self, k: int, lhs: str, tensor_of: Callable[[str], str]) -> str:
+        """Statement ``k`` writing ``lhs``, each tensor ``t`` it reads named ``tensor_of(t)``, every
+        range explicit."""
+        s = self.stmts[k]
+        where = [str(r) for r in s.ranges]
+        for a in s.accesses:
+            if a.kind == "exists" and all(x is not None for x in a.subs):
+                where.append("exists " + read_text(tensor_of(a.tensor), a.subs))
+        op = s.op if s.op == "=" else f"{s.op}=" + ("!" if s.init else "")
+        rhs = rewrite(s.rhs, read=lambda r: replace(r, tensor=tensor_of(r.tensor)))
+        text_ = f"{lhs}({', '.join(s.lhs)})" if s.lhs else lhs
+        return f"{text_} {op} {text(rhs)} where {', '.join(where)}" if where else f"{text_} {op} {text(rhs)}"
 
     def _param(self, role: str, of: str, base: str) -> str:
-        key = (role, of)
+        key = (role, base)
         if key not in self.param_names:
-            self.param_names[key] = self.fresh(base) if role == "grad" else of
+            self.param_names[key] = self.fresh(base) if role == "grad" else base
             self.params.append(Param(self.param_names[key], role, of))
         return self.param_names[key]
 
@@ -566,9 +621,11 @@ class _Deriver:
             if k is None or v in seen:
                 return
             seen.add(v)
-            last = k == self.writes[t][-1]
-            if last and (t in outputs or t in self.save):
-                self._param("output" if t in outputs else "saved", t, t)
+            if k == self.writes[t][-1] and t in outputs:
+                self._param("output", t, t)
+                return
+            if self._keeps(t, k):
+                self._param("saved", t, self.vname(t, k))
                 return
             s = self.stmts[k]
             todo.add(k)
@@ -593,17 +650,20 @@ class _Deriver:
                 idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
                 self._emit(name, idx, "=", Read(t.dtype, prev, tuple(Sym.var(i, "index") for i in idx)),
                            [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
-            where = [str(r) for r in s.ranges]
-            for a in s.accesses:
-                if a.kind == "exists" and all(x is not None for x in a.subs):
-                    where.append("exists " + read_text(self.vname(a.tensor, self.before[k].get(a.tensor)), a.subs))
-            op = s.op if s.op == "=" else f"{s.op}=" + ("!" if s.init else "")
-            self._emit(name, list(s.lhs), op, self.renamed(s.rhs, k), where)
+            self.lines.append(self._statement_text(k, name, lambda r, k=k: self.vname(r, self.before[k].get(r))))
 
     def _overwrites(self, s: Statement) -> bool:
         if s.init:
             return self._box_covers(s)
         return s.op == "=" and self._covers(s)
+
+
+def _copy_text(dst: str, src: str, t: Tensor, fresh: Callable[[str], str]) -> str:
+    idx = [fresh(f"i{p}") for p in range(len(t.dims))]
+    if not idx:
+        return f"{dst} = {src}"
+    return f"{dst}({', '.join(idx)}) = {src}({', '.join(idx)}) where " + \
+        ", ".join(f"{i} in 0:{d}" for i, d in zip(idx, t.dims))
 
 
 def _box(s: Statement) -> dict[str, tuple[Sym, Sym]]:

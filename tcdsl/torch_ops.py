@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import dtypes as T
-from .autodiff import Backward, backward_of, with_saved_outputs
+from .autodiff import Backward, backward_of, saved_types
 from .errors import TcArgumentError
 from .instance import bind_sizes, instantiate
 
@@ -74,15 +74,16 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
         run = kernel
         saved: tuple[str, ...] = ()
         if train and getattr(kernel, "_user_backward", None) is None:
-            saved = backward_of(kernel).saved
-            if saved:
+            bw = backward_of(kernel)
+            saved = bw.saved
+            if bw.forward_source is not None:
                 from .api import Kernel
                 from .grammar import parse
                 from .sema import check_def
 
-                run = Kernel(check_def(parse(with_saved_outputs(c, saved)).defs[0]), kernel.backend, kernel.options)
-                temps = {t.name: t for t in c.temps}
-                outs += tuple((n, temps[n].dtype) for n in saved)
+                run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
+                types = saved_types(bw, c)
+                outs += tuple((n, types[n]) for n in saved)
         key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs), saved), c.name)
     return key
 
@@ -146,7 +147,7 @@ def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[to
             g = grads_of.get(p.of)
             bargs.append(torch.zeros_like(values[p.of]) if g is None else g.contiguous())
         else:
-            bargs.append(values[p.of])
+            bargs.append(values[p.name if p.role == "saved" else p.of])
     got = _backward(bkey, bargs)
     for w, g in zip(bw.grads, got):
         i = names.index(w)

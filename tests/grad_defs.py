@@ -59,6 +59,13 @@ CASES: list[GradCase] = [
              "    O(n, f, h, w) = O(n, f, h, w) + Bias(f)\n"
              "}",
              ((1, 2, 4, 3), (2, 2, 3, 3), (2,))),
+    GradCase("conv_bias_relu_in_place",
+             "def cbr(double(N, C, H, W) I, double(F, C, KH, KW) Wt, double(F) B) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)\n"
+             "    O(n, f, h, w) = O(n, f, h, w) + B(f)\n"
+             "    O(n, f, h, w) = fmax(O(n, f, h, w), 0.0)\n"
+             "}",
+             ((1, 2, 4, 4), (2, 2, 2, 2), (2,))),
     GradCase("group_conv",
              "def group_conv(double(N, G, C, H, W) I, double(G, F, C, KH, KW) Wt) -> (O) {\n"
              "    O(n, g, f, h, w) +=! I(n, g, c, h + kh, w + kw) * Wt(g, f, c, kh, kw)\n"

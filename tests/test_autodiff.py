@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tcdsl as tc
-from tcdsl.autodiff import derive, with_saved_outputs
+from tcdsl.autodiff import derive
 from tcdsl.errors import TcGradientError
 from tcdsl.grammar import parse
 from tcdsl.sema import check_module
@@ -37,14 +37,14 @@ def _backward_args(case: GradCase, seed: int = 0):
     c = _checked(case.source)
     bw = derive(c)
     xs = make(case, seed)
-    fwd = tc.define(with_saved_outputs(c, bw.saved))
+    fwd = tc.define(bw.forward_source or case.source)
     outs = _as_list(fwd(*xs, backend="numpy"))
     rng = np.random.default_rng(seed + 1)
     cots = [rng.random(np.shape(o)) - 0.5 for o in outs[: len(c.outputs)]]
     values = {t.name: x for t, x in zip(c.inputs, xs)}
     values.update({n: o for n, o in zip([t.name for t in c.outputs] + list(bw.saved), outs)})
     grads = {t.name: g for t, g in zip(c.outputs, cots)}
-    args = [grads[p.of] if p.role == "grad" else values[p.of] for p in bw.params]
+    args = [grads[p.of] if p.role == "grad" else values[p.name] for p in bw.params]
     return c, bw, xs, cots, args
 
 
@@ -109,6 +109,18 @@ def test_recomputation_and_saved_temporaries() -> None:
     assert more.saved == ("s", "e") or set(more.saved) == {"s", "e"}
     roles = {p.name: p.role for p in more.params}
     assert roles["e"] == "saved" and roles["d_Y"] == "grad" and roles["X"] == "input"
+
+
+def test_earlier_versions_written_by_reductions_are_saved() -> None:
+    c = _checked(_case("conv_bias_relu_in_place").source)
+    bw = derive(c)
+    assert bw.saved == ("O_1",)  # the convolution, before the bias and the relu
+    assert bw.forward_source is not None and "-> (O, O_1) {" in bw.forward_source
+    assert "O_1(n, f, h, w) +=! I(n, c, h + kh, kw + w) * Wt(f, c, kh, kw)" in bw.forward_source.replace("(I(", "I(")\
+        .replace("kw)) where", "kw) where")
+    assert "+=! (I(" not in bw.source and "O_2(n, f, h, w) = (O_1(n, f, h, w) + B(f))" in bw.source
+    again = derive(c, save=())  # nothing kept: the backward recomputes the convolution
+    assert again.saved == () and again.forward_source is None and "O_1(n, f, h, w) +=! (I(n, c" in again.source
 
 
 def test_wrt_limits_the_backward() -> None:
