@@ -250,15 +250,19 @@ class _Deriver:
             name, prev = holder(s.tensor, k), self.before[k].get(s.tensor)
             if prev is not None and holder(s.tensor, prev) != name and not self._overwrites(s):
                 lines.append(_copy_text(name, holder(s.tensor, prev), t, self.fresh))
-            lines.append(self._statement_text(k, name, lambda r, k=k: holder(r, self.before[k].get(r))))
+            lines.append(self._statement_text(k, name, holder))
         head = f"def {c.name}({', '.join(t.decl() for t in c.inputs)}) -> " \
                f"({', '.join([t.name for t in c.outputs] + list(saved))}) {{"
         return "\n".join([head, *(f"  {x}" for x in lines), "}"]) + "\n"
 
-    def _statement_text(self, k: int, lhs: str, tensor_of: Callable[[str], str]) -> str:
-        """Statement ``k`` writing ``lhs``, each tensor ``t`` it reads named ``tensor_of(t)``, every
-        range explicit."""
+    def _statement_text(self, k: int, lhs: str, holder: Callable[[str, int | None], str]) -> str:
+        """Statement ``k`` writing ``lhs``, each tensor ``t`` it reads named ``holder(t, version)``,
+        every range explicit."""
         s = self.stmts[k]
+
+        def tensor_of(t: str) -> str:
+            return holder(t, self.before[k].get(t))
+
         where = [str(r) for r in s.ranges]
         for a in s.accesses:
             if a.kind == "exists" and all(x is not None for x in a.subs):
@@ -650,7 +654,7 @@ class _Deriver:
                 idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
                 self._emit(name, idx, "=", Read(t.dtype, prev, tuple(Sym.var(i, "index") for i in idx)),
                            [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
-            self.lines.append(self._statement_text(k, name, lambda r, k=k: self.vname(r, self.before[k].get(r))))
+            self.lines.append(self._statement_text(k, name, self.vname))
 
     def _overwrites(self, s: Statement) -> bool:
         if s.init:
