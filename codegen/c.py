@@ -155,6 +155,7 @@ class CSource:
         return self.text
 
 
+SMALL_INNER = 4  # a window reduction this short may run inside the vectorised loop (see _interleaved)
 COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
 
 
@@ -397,18 +398,40 @@ class _Emitter:
                 self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
             else:
                 self._tile_loops(rt, f"{acc} = {target};")
-            for loop in rt.serial:
+            inside = self._interleaved(rt, s, args)
+            serial = [f for f in rt.serial if f is not inside]
+            for loop in serial:
                 w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
                        f"{loop.var} += {loop.step}) {{")
                 w.push()
-            self._tile_loops(rt, None, acc)
-            for _ in rt.serial:
+            self._tile_loops(rt, None, acc, inside)
+            for _ in serial:
                 w.pop()
                 w.line("}")
             self._tile_loops(rt, f"{target} = {acc};")
         w.line("}")
 
-    def _tile_loops(self, rt: regtile.RegisterTile, copy: str | None, acc: str = "") -> None:
+    def _interleaved(self, rt: regtile.RegisterTile, s: Statement, args: dict[str, LExpr]) -> LFor | None:
+        """The short innermost reduction loop of a window read with a stride (maxpool's
+        ``I(.., 2*w + r_kw)``), to run inside the vectorised tile loop: with both window points in
+        one iteration, GCC loads whole vectors and deinterleaves them instead of gathering."""
+        last, inner = rt.serial[-1], rt.inner[-1]
+        trips = trip_count(last)
+        if trips is None or trips > SMALL_INNER or not (inner.parallel and self.vectorize):
+            return None
+        w = next((i for i, a in args.items() if a == LVar(inner.var)), None)
+        k = next((i for i, a in args.items() if a == LVar(last.var)), None)
+        if w is None or k is None:
+            return None
+        vw, vk = Var(w, "index"), Var(k, "index")
+        for r in reads(s.rhs):
+            for sub in r.subs:
+                if isinstance(sub, Sym) and abs(sub.coeff(vw)) >= 2 and sub.coeff(vk) != 0:
+                    return last
+        return None
+
+    def _tile_loops(self, rt: regtile.RegisterTile, copy: str | None, acc: str = "",
+                    inside: LFor | None = None) -> None:
         """The tile loops of ``rt`` around ``copy`` (a load or store of the tile), or around the
         statement updating ``acc`` (unrolled outer loops, vectorised innermost loop)."""
         w = self.w
@@ -422,6 +445,13 @@ class _Emitter:
             w.push()
         if copy is not None:
             w.line(copy)
+        elif inside is not None:
+            w.line(f"#pragma GCC unroll {trip_count(inside)}")
+            w.line(f"for (long {inside.var} = {_top(self._lexpr(inside.init))}; {_top(self._lexpr(inside.cond))}; "
+                   f"{inside.var} += {inside.step}) {{")
+            with w.indent():
+                self._statement_body(rt.call, acc)
+            w.line("}")
         else:
             self._statement_body(rt.call, acc)
         for _ in rt.inner:

@@ -878,6 +878,9 @@ def test_register_tiles_over_whole_reductions_start_at_the_identity():
     I[0, 1, 4, 5] = np.nan
     src = k.source(I)
     assert "init of statement 1" not in src and "= (-INFINITY);" in src
+    # the window's stride-2 column loop runs inside the vectorised loop (GCC deinterleaves vectors)
+    inside = r"#pragma omp simd\n\s*for \(long (c\d+) = 0; \1 <= 5; \1 \+= 1\) \{\n\s*#pragma GCC unroll 2\n"
+    assert re.search(inside, src), src
     want = k(I, backend="numpy")
     np.testing.assert_array_equal(k(I, backend="c"), want)
     out = np.full((2, 3, 5, 6), 7.0, np.float32)
