@@ -82,6 +82,7 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
                 from .sema import check_def
 
                 run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
+                run._save = ()  # its backward (double backward) reads the saved values as outputs
                 types = saved_types(bw, c)
                 outs += tuple((n, types[n]) for n in saved)
         key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs), saved), c.name)
@@ -124,23 +125,27 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.needs = [a.requires_grad for a in args]
     ctx.n_args = len(args)
     ctx.save_for_backward(*args, *output)
+    ctx.set_materialize_grads(False)  # saved values get a gradient only under double backward
 
 
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
     e = _REGISTRY[ctx.key]
     saved = ctx.saved_tensors
     args, outs = saved[: ctx.n_args], saved[ctx.n_args:]
-    c = e.owner.checked
+    # the kernel's backward; when the values it saved have gradients too (double backward), the
+    # backward of the def that returns them, which counts them as outputs
+    owner = e.kernel if any(g is not None for g in grads[e.n_user_outputs:]) else e.owner
+    c = owner.checked
     names = [t.name for t in c.inputs]
     wrt = [n for n, need in zip(names, ctx.needs) if need and T.is_float(dict((t.name, t.dtype) for t in c.inputs)[n])]
     result: list[torch.Tensor | None] = [None] * len(args)
     if not wrt:
         return None, result
-    bw = backward_of(e.owner, wrt)
-    bkey = _backward_key(e, bw)
+    bw = backward_of(owner, wrt)
+    bkey = _backward_key(owner, e, bw)
     values = {n: a for n, a in zip(names, args)}
     values.update({n: o for (n, _), o in zip(e.outputs, outs)})
-    grads_of = {n: g for (n, _), g in zip(e.outputs[: e.n_user_outputs], grads)}
+    grads_of = {n: g for (n, _), g in zip(e.outputs, grads)}
     bargs = []
     for p in bw.params:
         if p.role == "grad":
@@ -157,22 +162,23 @@ def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[to
 
 
 _forward.register_autograd(_autograd, setup_context=_setup)
+_backward.register_autograd(_autograd, setup_context=_setup)  # a backward def is a def: double backward
 
 
-def _backward_key(e: _Entry, bw: Backward) -> str:
-    keys: dict = e.owner.__dict__.setdefault("_torch_backward_keys", {})
+def _backward_key(owner: Any, e: _Entry, bw: Backward) -> str:
+    keys: dict = owner.__dict__.setdefault("_torch_backward_keys", {})
     k = (bw.name, bw.grads, e.backend, e.options, bw.user)
     key = keys.get(k)
     if key is None:
         if bw.user:
-            kernel = e.owner._user_backward[1]
+            kernel = owner._user_backward[1]
         else:
             from .api import define
 
-            kernel = define(bw.source, filename=f"<backward of {e.owner.name}>")
-        types = {t.name: t.dtype for t in e.owner.checked.inputs}
-        outs = tuple((w, types[w]) for w in bw.grads)
-        key = keys[k] = _register(_Entry(kernel, e.backend, e.options, e.owner, outs, len(outs), (), bw), bw.name)
+            kernel = define(bw.source, filename=f"<backward of {owner.name}>")
+        kernel._save = ()  # its own backward (double backward) recomputes: the op returns only gradients
+        outs = tuple((t.name, t.dtype) for t in kernel.checked.outputs)
+        key = keys[k] = _register(_Entry(kernel, e.backend, e.options, kernel, outs, len(outs), (), bw), bw.name)
     return key
 
 

@@ -213,3 +213,11 @@ def test_library_with_backward_defs_by_name() -> None:
     A.grad = None
     lib.square(A).sum().backward()
     torch.testing.assert_close(A.grad, 2 * A.detach())  # derived
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["softmax", "conv_bias_relu_in_place", "gather"])
+def test_double_backward(name: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    k = tc.define(case.source)
+    assert torch.autograd.gradgradcheck(k, tuple(_tensors(case)), eps=1e-6, atol=1e-5, rtol=1e-4)
