@@ -82,7 +82,7 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
                 from .sema import check_def
 
                 run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
-                run._save = ()  # its backward (double backward) reads the saved values as outputs
+                run._save = ()  # type: ignore[attr-defined]  # its backward reads the saved values as outputs
                 types = saved_types(bw, c)
                 outs += tuple((n, types[n]) for n in saved)
         key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs), saved), c.name)
