@@ -114,7 +114,22 @@ C, s = timed(matmul, Ad, Bd)
 check("float64 matmul 64x48x32 (short form)", C, Ad @ Bd, s, rtol=1e-12)
 
 print()
-print("4. Errors are located and explained")
+print("4. The GPU mapping: tiles to blocks, points to threads, shared memory, barriers")
+print("   (CUDA text on any machine; run as OpenCL where a platform exists: PoCL runs it on the CPU)")
+from tcdsl import gpurt  # noqa: E402
+
+A, B = A[:100, :70].copy(), B[:70, :90].copy()
+low = lib.matmul.lowered_gpu(A, B, backend="cuda")
+for kern in low.program.kernels:
+    print(f"   {kern.name}: grid {kern.grid}, block {kern.block}, {kern.shared_bytes} bytes of shared memory")
+if gpurt.opencl_available():
+    C, s = timed(lambda a, b: lib.matmul(a, b, backend="opencl"), A, B)
+    check("matmul 100x70x90 on OpenCL", C, A.astype(np.float64) @ B, s)
+else:
+    print("   no OpenCL platform here (Debian: pocl-opencl-icd): skipped running it")
+
+print()
+print("5. Errors are located and explained")
 for bad, args in [
     ("def f(float(N) A) -> (B) {\n  B(i) += A(i)\n}", None),
     ("def f(float(M, K) A, float(K, N) B) -> (C) {\n  C(m, n) +=! A(m, k) * B(k, n)\n}",
