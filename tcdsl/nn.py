@@ -51,6 +51,24 @@ class TcModule(torch.nn.Module):
             self.register_parameter(name, torch.nn.Parameter(data))
         self.input_names = [n for n in inputs if n not in parameters]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``copy.deepcopy``, ``torch.save``) as the def's text: the kernel is rebuilt."""
+        from .printer import definition
+
+        state = self.__dict__.copy()
+        kernel = state.pop("kernel")
+        user = getattr(kernel, "_user_backward", None)
+        state["_tc_def"] = (definition(kernel.checked.source) + "\n", user[0].source if user else None,
+                            getattr(kernel, "_save", None))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from .api import define
+
+        source, backward, save = state.pop("_tc_def")
+        super().__setstate__(state)
+        self.kernel = define(source, backward=backward, save=save)
+
     def forward(self, *args: Any) -> Any:
         if len(args) != len(self.input_names):
             raise TcArgumentError(f"{self.kernel.name} module takes {len(self.input_names)} inputs "

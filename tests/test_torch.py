@@ -221,3 +221,20 @@ def test_double_backward(name: str) -> None:
     case = next(c for c in CASES if c.name == name)
     k = tc.define(case.source)
     assert torch.autograd.gradgradcheck(k, tuple(_tensors(case)), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.cpu
+def test_module_copies_and_saves() -> None:
+    import copy
+    import io
+
+    m = TcModule("def lin(double(B, K) X, double(N, K) Wt) -> (Y) { Y(b, n) +=! X(b, k) * Wt(n, k) }", Wt=(3, 4))
+    x = torch.rand(2, 4, dtype=torch.float64)
+    twin = copy.deepcopy(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (twin, loaded):
+        torch.testing.assert_close(other(x), x @ m.Wt.detach().t())
+        assert other.Wt is not m.Wt and other.kernel is not m.kernel
