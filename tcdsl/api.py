@@ -374,6 +374,10 @@ class GenericKernel:
     def source(self, *args: Any, **kw: Any) -> str:
         return self.kernel(*args).source(*args, **kw)
 
+    def backward_source(self, *args: Any, wrt: Sequence[str] | None = None) -> str:
+        """The backward def of the def made for these arguments (see ``Kernel.backward_source``)."""
+        return self.kernel(*args).backward_source(wrt)
+
     def schedule(self, *args: Any, **kw: Any) -> str:
         return self.kernel(*args).schedule(*args, **kw)
 

@@ -154,6 +154,7 @@ def test_short_form_takes_tensors() -> None:
     A = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
     B = torch.rand(4, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(matmul, (A, B))
+    assert "d_A(i, k) +=! (d_C(i, j) * B(k, j))" in matmul.backward_source(A.detach(), B.detach())
 
 
 def _located(exc: pytest.ExceptionInfo, line: int, col: int, fragment: str) -> None:
