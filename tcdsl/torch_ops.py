@@ -175,7 +175,7 @@ def _backward_key(owner: Any, e: _Entry, bw: Backward) -> str:
         else:
             from .api import define
 
-            kernel = define(bw.source, filename=f"<backward of {owner.name}>")
+            kernel = define(bw.source, filename=f"<backward of {owner.name}>", backend=owner.backend)
         kernel._save = ()  # its own backward (double backward) recomputes: the op returns only gradients
         outs = tuple((t.name, t.dtype) for t in kernel.checked.outputs)
         key = keys[k] = _register(_Entry(kernel, e.backend, e.options, kernel, outs, len(outs), (), bw), bw.name)
