@@ -239,3 +239,14 @@ def test_module_copies_and_saves() -> None:
     for other in (twin, loaded):
         torch.testing.assert_close(other(x), x @ m.Wt.detach().t())
         assert other.Wt is not m.Wt and other.kernel is not m.kernel
+
+
+def test_backward_runs_on_the_kernels_backend() -> None:
+    from tcdsl import torch_ops
+
+    k = tc.define(CASES[0].source, backend="numpy")  # the interpreter: nothing is compiled
+    A, B = _tensors(CASES[0])
+    k(A, B).sum().backward()
+    np.testing.assert_allclose(A.grad.numpy(), np.ones((3, 2)) @ B.detach().numpy().T, rtol=1e-12)
+    entries = [torch_ops._REGISTRY[key] for key in k._torch_backward_keys.values()]
+    assert entries and all(e.kernel.backend == "numpy" and e.kernel.compile_count == 0 for e in entries)
