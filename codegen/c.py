@@ -435,28 +435,53 @@ class _Emitter:
         """The tile loops of ``rt`` around ``copy`` (a load or store of the tile), or around the
         statement updating ``acc`` (unrolled outer loops, vectorised innermost loop)."""
         w = self.w
-        for k, f in enumerate(rt.inner):
-            last = k == len(rt.inner) - 1
-            if last and f.parallel and self.vectorize:
-                w.line("#pragma omp simd")
-            elif copy is None:
-                w.line(f"#pragma GCC unroll {rt.extents[k]}")
-            w.line(f"for (long {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; {f.var} += 1) {{")
-            w.push()
-        if copy is not None:
-            w.line(copy)
-        elif inside is not None:
-            w.line(f"#pragma GCC unroll {trip_count(inside)}")
-            w.line(f"for (long {inside.var} = {_top(self._lexpr(inside.init))}; {_top(self._lexpr(inside.cond))}; "
-                   f"{inside.var} += {inside.step}) {{")
-            with w.indent():
+
+        def body() -> None:
+            if copy is not None:
+                w.line(copy)
+            elif inside is not None:
+                w.line(f"#pragma GCC unroll {trip_count(inside)}")
+                w.line(f"for (long {inside.var} = {_top(self._lexpr(inside.init))}; "
+                       f"{_top(self._lexpr(inside.cond))}; {inside.var} += {inside.step}) {{")
+                with w.indent():
+                    self._statement_body(rt.call, acc)
+                w.line("}")
+            else:
                 self._statement_body(rt.call, acc)
-            w.line("}")
-        else:
-            self._statement_body(rt.call, acc)
-        for _ in rt.inner:
-            w.pop()
-            w.line("}")
+
+        def nest(k: int) -> None:
+            if k == len(rt.inner):
+                body()
+                return
+            f = rt.inner[k]
+            simd = k == len(rt.inner) - 1 and f.parallel and self.vectorize
+            for lo, hi in self._vector_segments(f, rt) if simd else [(None, None)]:
+                if simd:
+                    w.line("#pragma omp simd")
+                elif copy is None:
+                    w.line(f"#pragma GCC unroll {rt.extents[k]}")
+                init = lo if lo is not None else _top(self._lexpr(f.init))
+                cond = f"{f.var} < {hi}" if hi is not None else _top(self._lexpr(f.cond))
+                w.line(f"for (long {f.var} = {init}; {cond}; {f.var} += 1) {{")
+                w.push()
+                nest(k + 1)
+                w.pop()
+                w.line("}")
+
+        nest(0)
+
+    def _vector_segments(self, f: LFor, rt: regtile.RegisterTile) -> list[tuple[str | None, str | None]]:
+        """A vectorised tile loop whose constant trip count is not a whole number of vectors runs
+        as two loops, the whole vectors then the rest: GCC then keeps each part of the tile in
+        registers (group conv's 26-wide rows: 98 -> 78 ms on one thread)."""
+        trips = trip_count(f)
+        dtype = self.tensors[self.c.stmts[self.scop.stmt(rt.call.stmt).number - 1].tensor].dtype
+        lanes = 64 // max(np.dtype(dtype).itemsize, 1) if dtype != "bool" else 64
+        if trips is None or not isinstance(f.init, LInt) or trips <= lanes or trips % lanes == 0:
+            return [(None, None)]
+        lo = f.init.value
+        cut = lo + trips // lanes * lanes
+        return [(str(lo), str(cut)), (str(cut), str(lo + trips))]
 
     def _hoist(self, n: LFor) -> dict[int, str]:
         """Load the reads that do not move with loop ``n`` once, before it, into constants (GCC

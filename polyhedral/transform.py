@@ -195,15 +195,20 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         return size if infos[i].extent > size else 0
 
     # Two row members (conv: output channel x output row) and a contiguous member of two to four
-    # vectors (a conv output row) that the register tile takes whole: 2 x 4 rows x 2 vectors or
-    # 6 x 1 rows x 3-4 vectors. Split into 13- or 14-lane pieces under 4 x 4 rows instead, the rows
-    # ran 1.3x (group conv 26 wide) and 1.5x (conv2d 56 wide) slower.
+    # vectors (a conv output row) that the register tile takes whole (its last, partial vector in
+    # a loop of its own, see codegen.c): 8 channels x 1 row x 2 vectors, or 4 x 1 x 3-4 vectors.
+    # On one thread, group conv (26 wide) ran 63 ms against 84 ms for 2 x 4 rows, conv2d (54 wide)
+    # 45 ms against 53 ms for 6 x 1; split into 13- or 14-lane pieces under 4 x 4 rows instead,
+    # the rows ran 1.3x-1.5x slower.
     whole_contig = len(rows) == 2 and contig is not None and VECTOR < infos[contig].extent <= 4 * VECTOR
     row_split: dict[int, int] = {}
     if whole_contig and contig is not None:
         first, second = sorted(rows)
         two_vectors = infos[contig].extent <= 2 * VECTOR
-        row_split = {first: 2, second: 4} if two_vectors else {first: 6, second: 1}
+        if two_vectors and infos[first].extent >= 8:
+            row_split = {first: 8, second: 1}
+        else:
+            row_split = {first: 2, second: 4} if two_vectors else {first: 4, second: 1}
 
     def default_register(i: int) -> int:
         if not red:
