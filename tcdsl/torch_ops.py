@@ -223,14 +223,19 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
                                   t.span.location())
         if a.device.type != "cpu":
             raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
-                                  f"'c' and 'numpy'); move it with .cpu() (on a GPU, call the kernel on cupy arrays)",
-                                  t.span.location())
+                                  f"'c' and 'numpy') or on CUDA devices (backend 'cuda', no autograd); move it with "
+                                  f".cpu()", t.span.location())
         out.append(a)
     return out
 
 
 def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None, options: Any = None) -> Any:
-    """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad."""
+    """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad
+    (CUDA tensors run on the CUDA backend, through ``tcdsl.gpurt``, without autograd)."""
+    if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        from . import gpurt
+
+        return gpurt.torch_cuda_call(kernel, args, out=out, backend=backend, options=options)
     tensors = _tensors(kernel, args)
     if out is not None:
         return _call_out(kernel, tensors, out, backend, options)

@@ -144,6 +144,12 @@ def test_module_trains() -> None:
     ref.square().sum().backward()
     torch.testing.assert_close(wg, m.Wt.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(bg, m.Bias.grad, rtol=1e-4, atol=1e-4)
+    m.zero_grad()
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)  # parameters as kernel arguments
+    out = compiled(x)
+    torch.testing.assert_close(out, y)
+    out.square().sum().backward()
+    torch.testing.assert_close(m.Wt.grad, wg, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.cpu
