@@ -1,9 +1,10 @@
 """Derived backward defs (tcdsl.autodiff), without torch.
 
-Every def of ``tests/grad_defs.py``: its backward def runs on the C backend and on the reference
-interpreter with equal results, and those gradients match central finite differences of the
-forward. Also: the shapes of derived defs (inverted accesses, divisibility tests, recomputation
-and saved temporaries, ``wrt``), and the located errors for what cannot be differentiated.
+Every def of ``tests/grad_defs.py``: its backward def runs on the C backend, on the GPU mapping
+(OpenCL) and on the reference interpreter with equal results, and those gradients match central
+finite differences of the forward. Also: the shapes of derived defs (inverted accesses,
+divisibility tests, recomputation and saved values, ``wrt``), and the located errors for what
+cannot be differentiated.
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ def test_backward_matches_interpreter_and_finite_differences(case: GradCase) -> 
             minus[i][idx] -= eps
             num[idx] = (loss(plus) - loss(minus)) / (2 * eps)
         np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-6, err_msg=f"d_{name} vs finite differences")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_backward_on_the_gpu_mapping(case: GradCase) -> None:
+    """Backward defs run on the GPU mapping too (the OpenCL backend: PoCL on any machine)."""
+    from conftest import has_opencl
+
+    if not has_opencl():
+        pytest.skip("no OpenCL platform")
+    _, bw, _, _, args = _backward_args(case)
+    bk = tc.define(bw.source)
+    for name, a, b in zip(bw.grads, _as_list(bk(*args, backend="opencl")), _as_list(bk(*args, backend="numpy"))):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=f"d_{name}: OpenCL vs interpreter")
 
 
 def _case(name: str) -> GradCase:
