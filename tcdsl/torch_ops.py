@@ -8,7 +8,6 @@ kernel through numpy views (no copies); outputs are allocated by torch.
 
 from __future__ import annotations
 
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +31,6 @@ def torch_dtype(tc_type: str) -> torch.dtype:
     return _TORCH_DTYPES[T.canonical(tc_type)]
 
 
-def has_torch_args(args: Any) -> bool:
-    """Whether any argument is a torch tensor (never imports torch itself)."""
-    mod = sys.modules.get("torch")
-    return mod is not None and any(isinstance(a, mod.Tensor) for a in args)
-
-
 @dataclass
 class _Entry:
     """What a ``tcdsl::forward`` or ``tcdsl::backward`` key stands for."""
@@ -47,8 +40,7 @@ class _Entry:
     options: Any
     owner: Any  # the user's kernel (its backward defs)
     outputs: tuple[tuple[str, str], ...]  # (name, TC type) of each tensor the op returns
-    n_user_outputs: int
-    saved: tuple[str, ...] = ()
+    n_user_outputs: int  # the first n are the kernel's outputs, the others values saved for backward
     backward: Backward | None = None
 
 
@@ -72,10 +64,8 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
         c = kernel.checked
         outs = tuple((t.name, t.dtype) for t in c.outputs)
         run = kernel
-        saved: tuple[str, ...] = ()
         if train and getattr(kernel, "_user_backward", None) is None:
             bw = backward_of(kernel)
-            saved = bw.saved
             if bw.forward_source is not None:
                 from .api import Kernel
                 from .grammar import parse
@@ -84,8 +74,8 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
                 run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
                 run._save = ()  # type: ignore[attr-defined]  # its backward reads the saved values as outputs
                 types = saved_types(bw, c)
-                outs += tuple((n, types[n]) for n in saved)
-        key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs), saved), c.name)
+                outs += tuple((n, types[n]) for n in bw.saved)
+        key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs)), c.name)
     return key
 
 
@@ -178,7 +168,7 @@ def _backward_key(owner: Any, e: _Entry, bw: Backward) -> str:
             kernel = define(bw.source, filename=f"<backward of {owner.name}>", backend=owner.backend)
         kernel._save = ()  # its own backward (double backward) recomputes: the op returns only gradients
         outs = tuple((t.name, t.dtype) for t in kernel.checked.outputs)
-        key = keys[k] = _register(_Entry(kernel, e.backend, e.options, kernel, outs, len(outs), (), bw), bw.name)
+        key = keys[k] = _register(_Entry(kernel, e.backend, e.options, kernel, outs, len(outs), bw), bw.name)
     return key
 
 
