@@ -1,5 +1,6 @@
 """The ``tcdsl`` command line: ``check`` prints each def checked, with its ranges; ``compile`` prints
-the generated C, the schedule or the explanation; ``tune`` searches and stores mapping options.
+the generated C, the schedule or the explanation; ``grad`` prints the derived backward def; ``tune``
+searches and stores mapping options.
 
 Errors are printed located (file:line:col, the source line, a caret) with exit status 1.
 """
@@ -89,6 +90,13 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grad(args: argparse.Namespace) -> int:
+    kernel = _entry(args)
+    wrt = [w.strip() for w in args.wrt.split(",") if w.strip()] if args.wrt else None
+    print(kernel.backward_source(wrt), end="")
+    return 0
+
+
 def _random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if a.dtype.kind == "f":
         return rng.standard_normal(a.shape).astype(a.dtype)
@@ -110,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--emit", choices=("c", "cuda", "opencl", "schedule", "explain"), default="c")
     comp.add_argument("--options", help="mapping options as JSON (see MappingOptions.to_json)")
     comp.set_defaults(run=_compile)
+    grad = sub.add_parser("grad", help="print the backward def derived for one def (reverse mode)")
+    grad.add_argument("file", metavar="FILE.tc")
+    grad.add_argument("--entry", help="the def to differentiate (default: the only one)")
+    grad.add_argument("--wrt", help="inputs to differentiate with respect to, e.g. A,B (default: every float input)")
+    grad.set_defaults(run=_grad)
     tune = sub.add_parser("tune", help="search mapping options for one def at given sizes and store the best")
     tune.add_argument("file", metavar="FILE.tc")
     tune.add_argument("--entry", help="the def to tune (default: the only one)")

@@ -180,3 +180,15 @@ def test_user_backward_with_wrong_params_is_located() -> None:
     with pytest.raises(TcGradientError) as exc:
         tc.define(_case("matmul").source, backward=bwd)
     _located(exc, 1, 5, "backward def 'matmul_grad' takes 2 params")
+
+
+def test_cli_prints_the_backward_def(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tcdsl.cli import main
+
+    src = tmp_path / "mm.tc"
+    src.write_text(_case("matmul").source + "\n")
+    assert main(["grad", str(src), "--wrt", "B"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def matmul_grad(") and "d_B(k, n) +=! (d_C(m, n) * A(m, k))" in out and "d_A" not in out
+    assert main(["grad", str(src), "--wrt", "C"]) == 1
+    assert "mm.tc:1:5: cannot differentiate matmul with respect to 'C'" in capsys.readouterr().err
