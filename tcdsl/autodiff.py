@@ -1,14 +1,6 @@
-"""Reverse-mode differentiation of a def: ``CheckedDef -> Backward`` (a backward def as TC text).
-
-Statements are walked in reverse. Each float tensor a statement reads receives the gradient of
-the statement's left side times the read's partial derivative (``tcdsl.derivative``), written
-with plain names on the left: the read's access is inverted where a subscript solves for one of
-its indices (strided accesses with a divisibility test), and matched with an equality test
-otherwise (gathers, repeated indices). Every index keeps an explicit range and every access of
-the forward statement stays in the domain (``where exists``), so padding by domain reproduces
-the forward statement's points exactly. Values the derivatives read are recomputed in the
-backward def, except temporaries written by reductions (saved by the forward by default, or as
-``save=`` says).
+"""Reverse-mode differentiation: ``CheckedDef -> Backward`` (the backward def as TC text, with what
+its params stand for and the forward values it needs saved); also the hand-written backward defs
+of ``define(backward=...)``, checked against the same convention.
 """
 
 from __future__ import annotations
@@ -29,8 +21,9 @@ Version = tuple[str, "int | None"]  # (tensor, statement after which the value h
 
 @dataclass(frozen=True)
 class Param:
-    """A param of a backward def: ``role`` is "input", "output" or "saved" (a value of the forward)
-    or "grad" (the gradient of forward output ``of``)."""
+    """A param of a backward def: ``role`` is "input" or "output" (forward tensor ``of``), "saved"
+    (a value the forward also returns under ``name``, of tensor ``of``) or "grad" (the gradient of
+    forward output ``of``)."""
 
     name: str
     role: str
@@ -39,8 +32,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Backward:
-    """A backward def: its TC text, what its params and outputs stand for, and the temporaries
-    the forward must also return (``saved``, in order)."""
+    """A backward def: its TC text, what its params and outputs stand for, and the values the
+    forward must also return (``saved``, in order, by ``forward_source``)."""
 
     forward: str
     name: str
@@ -57,7 +50,17 @@ class Backward:
 
 def derive(checked: CheckedDef, wrt: Sequence[str] | None = None,
            save: Iterable[str] | Mapping[str, bool] | None = None) -> Backward:
-    """The backward def of ``checked`` for the gradients of ``wrt`` (default: every float input)."""
+    """The backward def of ``checked`` for the gradients of ``wrt`` (default: every float input).
+
+    Statements are walked in reverse. Each float tensor a statement reads receives the gradient of
+    the statement's left side times the read's partial derivative (``tcdsl.derivative``), written
+    with plain names on the left: the read's access is inverted where a subscript solves for one of
+    its indices (strided accesses under a divisibility test), and matched by an equality test
+    otherwise (gathers, repeated indices). Every index keeps an explicit range and the forward
+    statement's accesses stay in the domain (``where exists``), so padding by domain reproduces the
+    forward statement's points exactly. Values the derivatives read are recomputed, except those
+    written by reductions (temporaries, and earlier versions of a tensor later updated in place),
+    which the forward returns too (``Backward.forward_source``); ``save`` overrides the choice."""
     return _Deriver(checked, wrt, save).run()
 
 

@@ -1,7 +1,6 @@
 """Expression derivatives for reverse mode: ``TExpr x read -> TExpr`` (the partial derivative of a
-typed expression with respect to one tensor read), and typed expressions printed back as TC text.
-
-Used by ``tcdsl.autodiff``; ``None`` stands for a derivative that is identically zero.
+typed expression with respect to one tensor read; ``None``: identically zero), and ``TExpr -> str``
+(typed expressions printed back as TC text). Used by ``tcdsl.autodiff``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""PyTorch glue: kernel calls on torch tensors (``torch.Tensor``s in -> ``torch.Tensor``s out).
-
-Every call goes through two ``torch.library`` custom ops, ``tcdsl::forward`` and ``tcdsl::backward``
-(each with a fake implementation, so they trace under ``torch.compile``); the forward's autograd
-formula runs the kernel's backward def (``tcdsl.autodiff``). CPU tensors are shared with the
-kernel through numpy views (no copies); outputs are allocated by torch.
+"""PyTorch glue: kernel calls on torch tensors (``Kernel x torch.Tensor``s -> ``torch.Tensor``s), through
+the custom ops ``tcdsl::forward`` / ``tcdsl::backward`` whose autograd runs backward defs.
 """
+
+# Both ops have fake implementations, so they trace under torch.compile. CPU tensors are shared
+# with the kernel through numpy views (no copies); outputs are allocated by torch.
 
 from __future__ import annotations
 
