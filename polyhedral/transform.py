@@ -428,16 +428,16 @@ def _move(sub: Sym | None, indices: tuple[str, ...], direction: list[int]) -> in
 def _direction(upa: isl.UnionPwAff, dom: isl.Set) -> list[int] | None:
     """The coefficients of a band member over a statement's indices (None if not affine)."""
     pa = upa.intersect_domain(isl.UnionSet.from_set(dom)).extract_pw_aff(_pw_space(upa, dom))
-    coeffs: list[list[int]] = []
+    coeffs: list[list[int | None]] = []
 
     def piece(_set: isl.Set, aff: isl.Aff) -> None:
-        coeffs.append([aff.get_coefficient_val(isl.dim_type.in_, k).to_python()
-                       for k in range(aff.dim(isl.dim_type.in_))])
+        vals = [aff.get_coefficient_val(isl.dim_type.in_, k) for k in range(aff.dim(isl.dim_type.in_))]
+        coeffs.append([v.to_python() if v.is_int() else None for v in vals])  # rational: a floor division
 
     pa.foreach_piece(piece)
-    if not coeffs or any(c != coeffs[0] for c in coeffs):
+    if not coeffs or any(c != coeffs[0] for c in coeffs) or None in coeffs[0]:
         return None
-    return coeffs[0]
+    return coeffs[0]  # type: ignore[return-value]
 
 
 def _pw_space(upa: isl.UnionPwAff, dom: isl.Set) -> isl.Space:
