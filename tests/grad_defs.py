@@ -76,6 +76,11 @@ CASES: list[GradCase] = [
              "    O(n, c, h, w) max=! I(n, c, 2*h + kh, 2*w + kw) where kh in 0:2, kw in 0:2\n"
              "}",
              ((1, 2, 5, 4),)),
+    GradCase("dilated_maxpool",  # its backward's schedule has a member with a rational coefficient
+             "def maxpool_d2(double(N, C, H, W) I) -> (O) {\n"
+             "    O(n, c, h, w) max=! I(n, c, h + 2*kh, w + 2*kw) where kh in 0:3, kw in 0:3\n"
+             "}",
+             ((1, 2, 5, 6),)),
     GradCase("avgpool",
              "def avgpool(double(N, C, H, W) I) -> (O) {\n"
              "    O(n, c, h, w) +=! I(n, c, h + kh, w + kw) / 9.0 where kh in 0:3, kw in 0:3\n"
