@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from . import dtypes as T
 from .affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
 from .checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
-from .derivative import IndexExpr, Key, cmp, const, diff, div, key_of, mul, read_text, rewrite, text
+from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite, text
 from .derivative import unconditional_reads as uncond
 from .errors import TcGradientError
 from .sema import BUILTINS
@@ -304,10 +304,10 @@ class _Deriver:
             raise TcGradientError(f"{s.describe()}: a product reduction ('*=' over reduction index "
                                   f"'{s.reductions[0]}') has no derivative tcdsl can derive; write it as exp of a "
                                   f"sum of logs, or pass backward= with a hand-written gradient", s.span.location())
-        cnt: Read | None = None
+        share: Read | None = None
         here = self._value_read(V, k, lhs_subs)
         if s.op in ("min", "max") and (keys or (prev is not None and not s.init)):
-            cnt = self._count(k, s, f, here, prev)
+            share = self._share(k, s, f, here, prev)
         for key in keys:
             if key == self_key:
                 continue
@@ -316,8 +316,8 @@ class _Deriver:
                 continue
             contrib: TExpr | None
             if s.op in ("min", "max"):
-                assert cnt is not None
-                contrib = Select(vt.dtype, cmp("==", f, here), mul(div(g, cnt), d) or const(vt.dtype, 0),
+                assert share is not None
+                contrib = Select(vt.dtype, cmp("==", f, here), mul(share, d) or const(vt.dtype, 0),
                                  const(vt.dtype, 0))
             elif s.op == "*" and prev is not None and not s.init:
                 contrib = mul(mul(g, self._value_read(V, prev, lhs_subs)), d)
@@ -328,7 +328,7 @@ class _Deriver:
         if prev is None:
             del self.state[V]  # nothing before the first write
             return
-        self._transition(k, s, f, g, here, cnt, self_key)
+        self._transition(k, s, f, g, here, share, self_key)
 
     def _keys(self, f: TExpr, k: int) -> list[Key]:
         out: list[Key] = []
@@ -338,8 +338,9 @@ class _Deriver:
                 out.append(key_of(r))
         return out
 
-    def _count(self, k: int, s: Statement, f: TExpr, here: Read, prev: int | None) -> Read:
-        """How many points attain the extremum (ties share the gradient evenly)."""
+    def _share(self, k: int, s: Statement, f: TExpr, here: Read, prev: int | None) -> Read:
+        """Each point's share of the gradient of a min/max reduction: the gradient over the number of
+        points that attain the extremum (ties share it evenly)."""
         dt = self.tensors[s.tensor].dtype
         name = self.fresh(f"{s.tensor}_ties")
         one, zero = const(dt, 1), const(dt, 0)
@@ -353,9 +354,15 @@ class _Deriver:
             op = "+=!"
         self._emit(name, list(s.lhs), op, Select(dt, cmp("==", f, here), one, zero),
                    ranges + self._exists(self._domain(k, s), Select(dt, cmp("==", f, here), one, zero), _box(s)))
-        return Read(dt, name, here.subs)
+        # each tie's share of the gradient, once per point of the left side (not per point of the window)
+        ties = Read(dt, name, here.subs)
+        share = self.fresh(f"d_{s.tensor}_share")
+        g = Read(dt, self.state[s.tensor][1], here.subs)
+        self._emit(share, list(s.lhs), "=", Select(dt, cmp(">", ties, zero), Binop(dt, "/", g, ties), zero),
+                   [str(r) for r in s.ranges[: len(s.lhs)]])
+        return Read(dt, share, here.subs)
 
-    def _transition(self, k: int, s: Statement, f: TExpr, g: Read, here: Read, cnt: Read | None,
+    def _transition(self, k: int, s: Statement, f: TExpr, g: Read, here: Read, share: Read | None,
                     self_key: Key | None) -> None:
         """Turn the gradient of the tensor after statement ``k`` into the gradient before it."""
         V, dt = s.tensor, self.tensors[s.tensor].dtype
@@ -369,9 +376,9 @@ class _Deriver:
             self._update(V, list(s.lhs), const(dt, 0), lhs_ranges)
             return
         if s.op in ("min", "max"):
-            assert cnt is not None
+            assert share is not None
             before = self._value_read(V, self.before[k].get(V), here.subs)
-            self._update(V, list(s.lhs), Select(dt, cmp("==", before, here), div(g, cnt) or const(dt, 0),
+            self._update(V, list(s.lhs), Select(dt, cmp("==", before, here), share,
                                                 const(dt, 0)), lhs_ranges)
             return
         if s.op == "*":
