@@ -192,3 +192,32 @@ def test_cli_prints_the_backward_def(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out.startswith("def matmul_grad(") and "d_B(k, n) +=! (d_C(m, n) * A(m, k))" in out and "d_A" not in out
     assert main(["grad", str(src), "--wrt", "C"]) == 1
     assert "mm.tc:1:5: cannot differentiate matmul with respect to 'C'" in capsys.readouterr().err
+
+
+def test_every_def_of_the_corpus_derives_or_names_its_product_reduction() -> None:
+    """Each def of ``tests/defs.py`` with a float input gets a backward def that checks, runs on the
+    interpreter and returns gradients of the inputs' shapes, or raises TcGradientError for a
+    product reduction (the only construct without a derived gradient)."""
+    from defs import DEFS, make_inputs
+
+    refused = []
+    for case in DEFS:
+        c = _checked(case.source)
+        if not any(t.dtype.startswith("float") for t in c.inputs):
+            continue
+        try:
+            bw = derive(c)
+        except TcGradientError as e:
+            assert "a product reduction" in e.message
+            refused.append(case.name)
+            continue
+        xs = make_inputs(case.inputs)
+        outs = _as_list(tc.define(bw.forward_source or case.source)(*xs, backend="numpy"))
+        values = {t.name: x for t, x in zip(c.inputs, xs)}
+        values.update({n: o for n, o in zip([t.name for t in c.outputs] + list(bw.saved), outs)})
+        grads = {t.name: np.ones_like(o) for t, o in zip(c.outputs, outs)}
+        args = [grads[p.of] if p.role == "grad" else values[p.name] for p in bw.params]
+        got = _as_list(tc.define(bw.source)(*args, backend="numpy"))
+        shapes = {t.name: np.shape(x) for t, x in zip(c.inputs, xs)}
+        assert [np.shape(g) for g in got] == [shapes[w] for w in bw.grads], case.name
+    assert refused == ["reduce_rows", "reduce_all", "reduce_after_init", "conv1d_padded_sum_prod_max"]
