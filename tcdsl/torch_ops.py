@@ -108,38 +108,47 @@ def _backward_fake(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
     return [inputs[w].new_empty(inputs[w].shape, dtype=inputs[w].dtype) for w in e.backward.grads]
 
 
+def _wrt(kernel: Any, needs: list[bool]) -> list[str]:
+    return [t.name for t, need in zip(kernel.checked.inputs, needs) if need and T.is_float(t.dtype)]
+
+
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    """Keep for the backward only the tensors its def reads (also under double backward)."""
     key, args = inputs
+    e = _REGISTRY[key]
     ctx.key = key
     ctx.needs = [a.requires_grad for a in args]
     ctx.n_args = len(args)
-    ctx.save_for_backward(*args, *output)
+    ctx.out_meta = [(o.shape, o.dtype) for o in output]
     ctx.set_materialize_grads(False)  # saved values get a gradient only under double backward
+    wrt = _wrt(e.owner, ctx.needs)
+    keep: set[str] = set()
+    for owner in dict.fromkeys([e.owner, e.kernel]) if wrt else ():
+        keep |= {p.name if p.role == "saved" else p.of for p in backward_of(owner, wrt).params if p.role != "grad"}
+    names = [t.name for t in e.owner.checked.inputs] + [n for n, _ in e.outputs]
+    ctx.kept = [n for n in names if n in keep]
+    ctx.save_for_backward(*[t for n, t in zip(names, [*args, *output]) if n in keep])
 
 
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
     e = _REGISTRY[ctx.key]
-    saved = ctx.saved_tensors
-    args, outs = saved[: ctx.n_args], saved[ctx.n_args:]
     # the kernel's backward; when the values it saved have gradients too (double backward), the
     # backward of the def that returns them, which counts them as outputs
     owner = e.kernel if any(g is not None for g in grads[e.n_user_outputs:]) else e.owner
-    c = owner.checked
-    names = [t.name for t in c.inputs]
-    wrt = [n for n, need in zip(names, ctx.needs) if need and T.is_float(dict((t.name, t.dtype) for t in c.inputs)[n])]
-    result: list[torch.Tensor | None] = [None] * len(args)
+    names = [t.name for t in owner.checked.inputs]
+    wrt = _wrt(owner, ctx.needs)
+    result: list[torch.Tensor | None] = [None] * ctx.n_args
     if not wrt:
         return None, result
     bw = backward_of(owner, wrt)
     bkey = _backward_key(owner, e, bw)
-    values = {n: a for n, a in zip(names, args)}
-    values.update({n: o for (n, _), o in zip(e.outputs, outs)})
-    grads_of = {n: g for (n, _), g in zip(e.outputs, grads)}
+    values = dict(zip(ctx.kept, ctx.saved_tensors))
+    grads_of = {n: (g, meta) for (n, _), g, meta in zip(e.outputs, grads, ctx.out_meta)}
     bargs = []
     for p in bw.params:
         if p.role == "grad":
-            g = grads_of.get(p.of)
-            bargs.append(torch.zeros_like(values[p.of]) if g is None else g.contiguous())
+            g, (shape, dtype) = grads_of[p.of]
+            bargs.append(torch.zeros(shape, dtype=dtype) if g is None else g.contiguous())
         else:
             bargs.append(values[p.name if p.role == "saved" else p.of])
     got = _backward(bkey, bargs)
