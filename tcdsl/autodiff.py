@@ -206,7 +206,11 @@ class _Deriver:
         for k in reversed(range(len(self.stmts))):
             s = self.stmts[k]
             if s.tensor in self.active and s.tensor in self.state:
+                start = len(self.lines)
                 self._statement(k, s)
+                if len(self.lines) > start:
+                    self.lines.insert(start, f"# gradients through statement {s.number} (line {s.span.line}): "
+                                             f"{_one_line(s)}")
         outs = []
         for w in self.wrt:
             t = self.tensors[w]
@@ -220,6 +224,8 @@ class _Deriver:
         grad_lines = self.lines
         self.lines = []
         self._recompute()
+        if self.lines:
+            self.lines.insert(0, "# forward values recomputed")
         inputs = [f"{t.decl()}" for t in c.inputs]
         params = [Param(t.name, "input", t.name) for t in c.inputs]
         order = {"output": 0, "saved": 1, "grad": 2}
@@ -678,6 +684,12 @@ def _copy_text(dst: str, src: str, t: Tensor, fresh: Callable[[str], str]) -> st
         return f"{dst} = {src}"
     return f"{dst}({', '.join(idx)}) = {src}({', '.join(idx)}) where " + \
         ", ".join(f"{i} in 0:{d}" for i, d in zip(idx, t.dims))
+
+
+def _one_line(s: Statement) -> str:
+    from .printer import stmt
+
+    return " ".join(stmt(s.source).split())
 
 
 def _box(s: Statement) -> dict[str, tuple[Sym, Sym]]:
