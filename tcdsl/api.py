@@ -238,14 +238,11 @@ class Kernel:
     @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
-        if _torch_args(args):  # CPU tensors: tcdsl.torch_ops (autograd); CUDA tensors: on to gpurt
+        if _torch_args(args):  # torch tensors, CPU or CUDA: tcdsl.torch_ops (autograd)
             from . import torch_ops
 
             return torch_ops.call(self, args, out=out, backend=backend, options=options)
         from . import gpurt
-
-        if _torch_args(args) and any(gpurt.is_torch_cuda(a) for a in args):
-            return gpurt.torch_cuda_call(self, args, out=out, backend=backend, options=options)
 
         on_device = any(gpurt.is_device_array(a) for a in args)
         be = _check_backend(backend or self.backend or ("cuda" if on_device else default_backend()))

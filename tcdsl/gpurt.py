@@ -206,16 +206,17 @@ def is_torch_cuda(x: Any) -> bool:
 
 
 def torch_cuda_call(kernel: Any, args: Any, out: Any = None, backend: str | None = None, options: Any = None) -> Any:
-    """``kernel`` on torch CUDA tensors: shared with cupy through DLPack (no copies), run on the
-    CUDA backend, results returned as torch tensors on the same device."""
+    """``kernel`` on torch CUDA tensors, where no gradient is recorded (``tcdsl.torch_ops`` runs
+    the differentiable calls): shared with cupy through DLPack (no copies), run on the CUDA
+    backend, results returned as torch tensors on the same device."""
     import torch
 
     if backend not in (None, "cuda"):
         raise TcArgumentError(f"{kernel.name}(): the tensors are on a CUDA device; backend {backend!r} runs on the "
                               "host (move them with .cpu(), or use backend='cuda')")
-    if any(getattr(a, "requires_grad", False) for a in args):
-        raise TcArgumentError(f"{kernel.name}(): gradients of CUDA tensors are not derived yet; run on CPU tensors "
-                              "or detach()")
+    if out is not None and torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
+        raise TcArgumentError(f"{kernel.name}(): out= records no gradient; call it without out= (or under "
+                              "torch.no_grad())")
     cp = _cupy()
     conv = []
     for a in args:

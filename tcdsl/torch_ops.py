@@ -195,12 +195,25 @@ def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, 
 
 
 def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    if any(a.is_cuda for a in args):
+        return _run_cuda(e, args)
     arrays = [a.detach().numpy() for a in args]
     shapes = _output_shapes(e, args)
     outs = [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
     views = [o.numpy() for o in outs]
     e.kernel(*arrays, out=views if len(views) > 1 else views[0], backend=e.backend, options=e.options)
     return outs
+
+
+def _run_cuda(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The entry's kernel on CUDA tensors: shared with cupy through DLPack (no copies), run on the
+    CUDA backend, outputs handed back to torch on the same device."""
+    from . import gpurt
+
+    cp = gpurt._cupy()
+    arrays = [cp.from_dlpack(a.detach().contiguous()) for a in args]
+    res = e.kernel(*arrays, backend=e.backend or "cuda", options=e.options)
+    return [torch.from_dlpack(r) for r in (res if isinstance(res, tuple) else (res,))]
 
 
 def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -219,18 +232,23 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
         if a.dtype != want:
             raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the tensor has dtype {a.dtype}",
                                   t.span.location())
-        if a.device.type != "cpu":
+        if a.device.type not in ("cpu", "cuda"):
             raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
-                                  f"'c' and 'numpy') or on CUDA devices (backend 'cuda', no autograd); move it with "
-                                  f".cpu()", t.span.location())
+                                  f"'c' and 'numpy') or on CUDA devices (backend 'cuda'); move it with .cpu()",
+                                  t.span.location())
         out.append(a)
+    if len({a.device for a in out if a.dim() or a.is_cuda}) > 1:
+        raise TcArgumentError(f"{c.name}(): the tensors are on different devices "
+                              f"({', '.join(sorted({str(a.device) for a in out}))})", c.source.name.span.location())
     return out
 
 
 def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None, options: Any = None) -> Any:
     """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad
-    (CUDA tensors run on the CUDA backend, through ``tcdsl.gpurt``, without autograd)."""
-    if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+    (CUDA tensors run on the CUDA backend, forward and backward defs alike)."""
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    grads = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    if cuda and (out is not None or not grads):
         from . import gpurt
 
         return gpurt.torch_cuda_call(kernel, args, out=out, backend=backend, options=options)

@@ -18,6 +18,7 @@ from tcdsl.errors import TcArgumentError  # noqa: E402
 from tcdsl.nn import TcModule  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import has_cuda  # noqa: E402
 from grad_defs import CASES, GradCase, make  # noqa: E402
 
 
@@ -258,3 +259,16 @@ def test_backward_runs_on_the_kernels_backend() -> None:
     np.testing.assert_allclose(A.grad.numpy(), np.ones((3, 2)) @ B.detach().numpy().T, rtol=1e-12)
     entries = [torch_ops._REGISTRY[key] for key in k._torch_backward_keys.values()]
     assert entries and all(e.kernel.backend == "numpy" and e.kernel.compile_count == 0 for e in entries)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not has_cuda(), reason="no CUDA device with cupy")
+def test_gradients_of_cuda_tensors_run_on_the_cuda_backend():  # pragma: no cover - runs where a GPU is
+    k = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }")
+    A = torch.randn(33, 17, device="cuda", requires_grad=True)
+    B = torch.randn(17, 9, device="cuda", requires_grad=True)
+    C = k(A, B)
+    assert C.is_cuda
+    C.sum().backward()
+    torch.testing.assert_close(C, A.detach() @ B.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(A.grad, torch.ones(33, 9, device="cuda") @ B.detach().T, rtol=1e-4, atol=1e-4)
