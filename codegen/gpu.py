@@ -15,10 +15,11 @@ from typing import Any
 
 from tcdsl.affine import Sym
 from tcdsl.checked import Read, reads
-from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram, _trip_bound
-from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, walk
+from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
+from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, trip_bound, walk
 from tcdsl.polyhedral.scop import Scop
 
+from . import regtile
 from .c import CTYPE, ErrorSite, _Emitter, _top
 
 DIALECTS = ("cuda", "opencl")
@@ -268,7 +269,7 @@ class _GpuEmitter(_Emitter):
                 return
             if self.private_memory and (self._hold_across(n) or self._reduce_nest(n)):
                 return
-            trips = _trips(n)
+            trips = regtile.trip_bound(n)
             if self.unroll and self.dialect == "cuda" and trips is not None and trips <= self.unroll:
                 w.line(f"#pragma unroll {trips}")
             w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
@@ -315,7 +316,7 @@ class _GpuEmitter(_Emitter):
             return False
         slots = []
         for f in chain:
-            trips = _trip_bound(f)
+            trips = trip_bound(f)
             if trips is None or n.var in expr_vars(f.init) | expr_vars(f.cond):
                 return False
             slots.append(-(-trips // f.count))
@@ -496,12 +497,6 @@ def _region_of(body: tuple[LNode, ...]) -> tuple[list[LFor], LFor, LCall] | None
         elif not isinstance(x, LSync):
             return None
     return regions[0] if len(regions) == 1 else None
-
-
-def _trips(n: LFor) -> int | None:
-    from .regtile import trip_bound
-
-    return trip_bound(n)
 
 
 def launch_text(src: GpuSource) -> str:

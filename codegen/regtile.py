@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tcdsl.checked import CheckedDef, Statement
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, expr_vars
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, const_upper, expr_vars
+from tcdsl.polyhedral.loopir import trip_bound as loop_trip_bound
 from tcdsl.polyhedral.scop import Scop
 
 MAX_ELEMENTS = 512
@@ -56,7 +57,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     for f in inner:
         if f.step != 1 or (expr_vars(f.init) | expr_vars(f.cond)) & serial_vars or not isinstance(f.init, LInt):
             return None
-        hi = _const_upper(f)
+        hi = const_upper(f)
         if hi is None:
             return None
         extents.append(hi - f.init.value + 1)
@@ -72,30 +73,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
 
 def trip_bound(f: LFor) -> int | None:
     """A constant bound on the trip count of a loop with a constant start and step 1."""
-    hi = _const_upper(f)
-    if hi is None or not isinstance(f.init, LInt) or f.step != 1:
-        return None
-    return max(hi - f.init.value + 1, 0)
-
-
-def _const_upper(f: LFor) -> int | None:
-    """A constant the loop variable never exceeds, from ``var <= E`` / ``var < E``."""
-    c = f.cond
-    if not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)):
-        return None
-    bound = _const_in(c.args[1])
-    if bound is None:
-        return None
-    return bound - (1 if c.op == "<" else 0)
-
-
-def _const_in(e: LExpr) -> int | None:
-    if isinstance(e, LInt):
-        return e.value
-    if isinstance(e, LOp) and e.op == "min":
-        vals = [v for v in (_const_in(a) for a in e.args) if v is not None]
-        return min(vals) if vals else None
-    return None
+    return loop_trip_bound(f) if f.step == 1 else None
 
 
 def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:

@@ -8,6 +8,8 @@ never raise (an exception there crashes isl), so errors are stashed and re-raise
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import islpy as isl
 
 from tcdsl.errors import TcScheduleError
@@ -32,10 +34,10 @@ _OPS = {
 }
 
 
-def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: MappingOptions) -> LoopIR:
-    errors: list[BaseException] = []
-    notes: list[str] = []
-
+def loop_annotator(deps: isl.UnionMap, notes: list[str],
+                   errors: list[BaseException]) -> Callable[[isl.AstBuild], isl.Id]:
+    """isl's before-each-for callback: annotates each loop "par", or "seq<k>" with the witness of a
+    dependence it carries in ``notes[k]``; errors go to ``errors`` (re-raise them after the build)."""
     def before_for(b: isl.AstBuild) -> isl.Id:
         try:
             witness = _carried(b, deps)
@@ -47,8 +49,14 @@ def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: Ma
             errors.append(e)
             return isl.Id("seq")
 
+    return before_for
+
+
+def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: MappingOptions) -> LoopIR:
+    errors: list[BaseException] = []
+    notes: list[str] = []
     ab = isl.AstBuild.from_context(context)
-    ab, _handle = ab.set_before_each_for(before_for)
+    ab, _handle = ab.set_before_each_for(loop_annotator(deps, notes, errors))
     root = ab.node_from_schedule(sched)
     if errors:
         raise errors[0]

@@ -25,7 +25,23 @@ from tcdsl.options import MappingOptions
 
 from . import astgen
 from .deps import Deps
-from .loopir import LCall, LCopy, LExpr, LFor, LIf, LInt, LMark, LNode, LOp, LSync, LVar, expr_text, expr_vars, walk
+from .loopir import (
+    LCall,
+    LCopy,
+    LExpr,
+    LFor,
+    LIf,
+    LInt,
+    LMark,
+    LNode,
+    LOp,
+    LSync,
+    LVar,
+    expr_text,
+    expr_vars,
+    trip_bound,
+    walk,
+)
 from .schedule import check_legal
 from .scop import Scop
 from .transform import _distribute
@@ -190,17 +206,6 @@ def build_ast(sched: isl.Schedule, scop: Scop, deps: Deps) -> tuple[list[LNode],
     notes: list[str] = []
     sites: list[isl.Map] = []
 
-    def before_for(b: isl.AstBuild) -> isl.Id:
-        try:
-            witness = astgen._carried(b, deps.all)
-            if witness is None:
-                return isl.Id("par")
-            notes.append(witness)
-            return isl.Id(f"seq{len(notes) - 1}")
-        except BaseException as e:  # noqa: BLE001 - re-raised after the build
-            errors.append(e)
-            return isl.Id("seq")
-
     def at_domain(node: isl.AstNode, b: isl.AstBuild) -> isl.AstNode:
         try:
             sites.append(isl.Map.from_union_map(b.get_schedule()).flatten_range())
@@ -210,7 +215,7 @@ def build_ast(sched: isl.Schedule, scop: Scop, deps: Deps) -> tuple[list[LNode],
             return node
 
     ab = isl.AstBuild.from_context(scop.context)
-    ab, _h1 = ab.set_before_each_for(before_for)
+    ab, _h1 = ab.set_before_each_for(astgen.loop_annotator(deps.all, notes, errors))
     ab, _h2 = ab.set_at_each_domain(at_domain)
     root = ab.node_from_schedule(sched)
     if errors:
@@ -290,7 +295,7 @@ class _Mapper:
         for ch in chains:
             for pos, f in enumerate(ch.loops):
                 d = len(ch.loops) - 1 - pos
-                bound = _trip_bound(f)
+                bound = trip_bound(f)
                 n = self.threads[d] if bound is None else max(1, min(self.threads[d], bound))
                 block[d] = max(block[d], n)
         self.block = (block[0], block[1], block[2])
@@ -309,7 +314,7 @@ class _Mapper:
         dims: dict[int, int] = {}
         for pos, f in enumerate(chain):
             d = len(chain) - 1 - pos
-            trips = _trip_bound(f)
+            trips = trip_bound(f)
             grid[d] = self.blocks[d] if trips is None else max(1, min(self.blocks[d], trips))
             dims[id(f)] = d
 
@@ -648,28 +653,6 @@ def _itemsize(dtype: str) -> int:
     if dtype == "float16":
         return 4  # held as float on the device
     return int(np.dtype(dtype).itemsize) if dtype != "bool" else 1
-
-
-def _trip_bound(f: LFor) -> int | None:
-    """A constant bound on the iterations of ``f`` (constant start; upper bound a constant or a
-    min with one)."""
-    c = f.cond
-    if not (isinstance(f.init, LInt) and isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)):
-        return None
-    hi = _const_in(c.args[1])
-    if hi is None:
-        return None
-    last = hi - (1 if c.op == "<" else 0)
-    return max((last - f.init.value) // f.step + 1, 0)
-
-
-def _const_in(e: LExpr) -> int | None:
-    if isinstance(e, LInt):
-        return e.value
-    if isinstance(e, LOp) and e.op == "min":
-        vals = [v for v in (_const_in(a) for a in e.args) if v is not None]
-        return min(vals) if vals else None
-    return None
 
 
 __all__ = ["GpuTarget", "SM90", "GpuKernel", "GpuProgram", "SharedBuffer", "map_program", "check_options",

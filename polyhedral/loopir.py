@@ -128,6 +128,33 @@ def trip_count(f: LFor) -> int | None:
     return max((last - f.init.value) // f.step + 1, 0)
 
 
+def trip_bound(f: LFor) -> int | None:
+    """A constant bound on the iterations of ``f``: a constant start, and an upper bound that is a
+    constant or a min with one (a partial tile's ``min(31, N - c0 - 1)``)."""
+    hi = const_upper(f)
+    if hi is None or not isinstance(f.init, LInt) or f.step <= 0:
+        return None
+    return max((hi - f.init.value) // f.step + 1, 0)
+
+
+def const_upper(f: LFor) -> int | None:
+    """A constant the loop variable never exceeds, from ``var <= E`` / ``var < E``."""
+    c = f.cond
+    if not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)):
+        return None
+    bound = _const_in(c.args[1])
+    return None if bound is None else bound - (1 if c.op == "<" else 0)
+
+
+def _const_in(e: LExpr) -> int | None:
+    if isinstance(e, LInt):
+        return e.value
+    if isinstance(e, LOp) and e.op == "min":
+        vals = [v for v in (_const_in(a) for a in e.args) if v is not None]
+        return min(vals) if vals else None
+    return None
+
+
 def expr_vars(e: LExpr) -> set[str]:
     """The loop variables an expression reads."""
     if isinstance(e, LVar):

@@ -469,11 +469,16 @@ def _c_ready(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]:
+def _check_arity(checked: CheckedDef, args: Sequence[Any]) -> None:
     ins = checked.inputs
     if len(args) != len(ins):
         raise TcArgumentError(f"{checked.name}() takes {len(ins)} arguments ({', '.join(t.name for t in ins)}), "
                               f"got {len(args)}", checked.source.name.span.location())
+
+
+def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]:
+    ins = checked.inputs
+    _check_arity(checked, args)
     out = []
     for t, x in zip(ins, args):
         if not t.dims and isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
@@ -504,9 +509,7 @@ def _coerce_any_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[Any]:
     if not any(gpurt.is_device_array(a) for a in args):
         return list(_coerce_inputs(checked, args))
     ins = checked.inputs
-    if len(args) != len(ins):
-        raise TcArgumentError(f"{checked.name}() takes {len(ins)} arguments ({', '.join(t.name for t in ins)}), "
-                              f"got {len(args)}", checked.source.name.span.location())
+    _check_arity(checked, args)
     out = []
     for t, x in zip(ins, args):
         if not gpurt.is_device_array(x):
