@@ -22,7 +22,7 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, memshare, regtile, transpose
+from . import contract, memshare, regtile, transpose, vectile
 from .writer import LineWriter
 
 CTYPE = {
@@ -169,6 +169,7 @@ def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = 
 class _Emitter:
     ITYPE = "long"  # loop iterators and statement indices
     IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
+    VECTOR_TILES = True  # register tiles in explicit AVX-512 vectors where they have that form
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
@@ -206,6 +207,9 @@ class _Emitter:
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
         if self.transposes:
             w.raw(transpose.HELPER)
+        if self.VECTOR_TILES and any(isinstance(n, LFor) and (rt := regtile.match(n, self.scop, self.c))
+                                     and vectile.plan(self, rt) for n in walk(ir.body)):
+            w.raw(vectile.PRELUDE)
         self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
             t = self.tensors[name]
@@ -393,12 +397,17 @@ class _Emitter:
         w.line(f"{{  // statement {s.number}: a {'x'.join(map(str, rt.extents))} register tile of {s.tensor} "
                f"across {rt.loop.var}")
         with w.indent():
+            inside = self._interleaved(rt, s, args)
+            vt = vectile.plan(self, rt) if self.VECTOR_TILES and inside is None else None
+            if vt is not None:
+                w.line("#if TC_VEC16")
+                vectile.emit(self, vt, s.number in self.identity_start)
+                w.line("#else")
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
             if s.number in self.identity_start:  # the tile runs the whole reduction: no load, no init nest
                 self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
             else:
                 self._tile_loops(rt, f"{acc} = {target};")
-            inside = self._interleaved(rt, s, args)
             serial = [f for f in rt.serial if f is not inside]
             for loop in serial:
                 w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
@@ -409,6 +418,8 @@ class _Emitter:
                 w.pop()
                 w.line("}")
             self._tile_loops(rt, f"{target} = {acc};")
+            if vt is not None:
+                w.line("#endif")
         w.line("}")
 
     def _interleaved(self, rt: regtile.RegisterTile, s: Statement, args: dict[str, LExpr]) -> LFor | None:

@@ -166,6 +166,7 @@ def emit(program: GpuProgram, scop: Scop, dialect: str, private_memory: bool = T
 
 class _GpuEmitter(_Emitter):
     ITYPE = "int"
+    VECTOR_TILES = False
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], dialect: str, private_memory: bool,
                  unroll: int, unroll_copies: bool) -> None:
