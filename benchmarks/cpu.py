@@ -11,6 +11,9 @@ Every tcdsl result is checked against numpy: a mismatch is marked FAIL and the e
 A STREAM-like triad measured here gives the machine's bandwidth for the memory-bound kernels: its
 best before and after the kernels, and its median as one more contender in their rounds (the
 fractions of the targets compare medians from the same rounds).
+Its compute-bound counterpart is the float32 FMA peak (a C loop of independent vector multiply-adds
+in registers, built by tcdsl's toolchain, best before and after the kernels): the compute table
+gives each contender's GFLOP/s, tcdsl's fraction of the peak and the fastest time the peak allows.
 The closing "targets" section says which of issue 3's performance targets are met.
 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (set on some machines) slow numpy's BLAS down; this script
@@ -41,6 +44,7 @@ if __name__ == "__main__":
     _clean_blas_env()
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -67,6 +71,8 @@ MIN_ROUNDS, MAX_ROUNDS = 7, 40
 PRECALL_BELOW_S = 0.25  # a contender faster than this makes an untimed call right before each timed one
 TRIAD_N = 32 << 20  # 32M float32 per array
 TRIAD_REPS = 20
+FMA_REPS = 7  # best of this many runs of the FMA peak loop
+FMA_RUN_S = 0.075  # seconds per run
 OUT = "tcdsl out="  # memory-bound kernels only: tcdsl writing into a preallocated output
 TRIAD = "triad"  # memory-bound kernels only: numpy's threaded triad, timed in the same rounds
 TUNED = "tcdsl tuned"  # with --tune: the options the autotuner found for this kernel
@@ -198,6 +204,64 @@ def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
 
 
 # ----------------------------------------------------------------------------------------------
+# flop counts of the compute-bound kernels, from their input shapes (a multiply-add counts 2)
+
+
+def matmul_flops(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """C(m,n) += A(m,k) * B(k,n)."""
+    (m, k), (_, n) = a, b
+    return 2 * m * n * k
+
+
+def tmm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """C(m,n) += A(m,k) * B(n,k)."""
+    (m, k), (n, _) = a, b
+    return 2 * m * n * k
+
+
+def bmm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """C(b,m,n) += A(b,m,k) * B(b,k,n)."""
+    (bt, m, k), (_, _, n) = a, b
+    return 2 * bt * m * n * k
+
+
+def conv2d_flops(i: tuple[int, ...], w: tuple[int, ...]) -> int:
+    """A valid convolution (no padding, stride 1): the output is (H-KH+1) x (W-KW+1)."""
+    (n, c, h, wd), (f, _, kh, kw) = i, w
+    return 2 * n * f * (h - kh + 1) * (wd - kw + 1) * c * kh * kw
+
+
+def group_conv_flops(i: tuple[int, ...], w: tuple[int, ...]) -> int:
+    """G independent valid convolutions of C to F channels."""
+    (n, g, c, h, wd), (_, f, _, kh, kw) = i, w
+    return 2 * n * g * f * (h - kh + 1) * (wd - kw + 1) * c * kh * kw
+
+
+def fc_relu_flops(i: tuple[int, ...], w1: tuple[int, ...], _b1: tuple[int, ...]) -> int:
+    """The product I * W1^T only: the bias and the relu add B*N operations, negligible."""
+    (b, m), (n, _) = i, w1
+    return 2 * b * n * m
+
+
+def mlp2_flops(i: tuple[int, ...], w1: tuple[int, ...], _b1: tuple[int, ...], w2: tuple[int, ...],
+               _b2: tuple[int, ...]) -> int:
+    """Both products (biases and relus left out): I * W1^T, then O1 * W2^T."""
+    (b, m), (n, _), (p, _) = i, w1, w2
+    return 2 * b * n * m + 2 * b * p * n
+
+
+FLOP_COUNTS: dict[str, Callable[..., int]] = {  # by Case.torch_key
+    "matmul": matmul_flops,
+    "tmm": tmm_flops,
+    "bmm": bmm_flops,
+    "conv2d": conv2d_flops,
+    "group_conv": group_conv_flops,
+    "fc_relu": fc_relu_flops,
+    "mlp2": mlp2_flops,
+}
+
+
+# ----------------------------------------------------------------------------------------------
 # cases
 
 
@@ -210,6 +274,7 @@ class Case:
     numpy_fn: Callable[..., np.ndarray]
     input_shapes: Sequence[tuple[int, ...]]
     bytes_moved: int = 0  # memory-bound kernels: the bytes one call must read and write (no write-allocate)
+    flops: int = 0  # compute-bound kernels: the floating-point operations of one call (a multiply-add is 2)
 
 
 @dataclass
@@ -228,7 +293,7 @@ class Result:
 
 def cases() -> list[Case]:
     n_ew = 1 << 24
-    return [
+    all_cases = [
         Case("matmul_1024", "1024x1024x1024", MATMUL, "matmul", lambda A, B: A @ B, [(1024, 1024), (1024, 1024)]),
         Case("matmul_256", "256x256x256", MATMUL, "matmul", lambda A, B: A @ B, [(256, 256), (256, 256)]),
         Case("tmm_1024", "1024x1024x1024, C=A*B^T", TMM, "tmm", lambda A, B: A @ B.T, [(1024, 1024), (1024, 1024)]),
@@ -247,6 +312,10 @@ def cases() -> list[Case]:
              bytes_moved=2 * 4 * 4096 * 4096),
         Case("maxpool", "2x2/2, N32 C64 56x56", MAXPOOL, "maxpool", np_maxpool, [(32, 64, 56, 56)]),
     ]
+    for c in all_cases:
+        if c.torch_key in FLOP_COUNTS:
+            c.flops = FLOP_COUNTS[c.torch_key](*c.input_shapes)
+    return all_cases
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,6 +438,144 @@ def triad_report(before: dict[str, float], after: dict[str, float]) -> float:
         print(f"| {k} | {before[k]:.1f} | {after[k]:.1f} |")
     print()
     print(f"the machine's best (numpy): {ref:.1f} GB/s")
+    print()
+    return ref
+
+
+# float32 FMA peak: the compute-bound counterpart of the triad. Built with tcdsl's own compiler and
+# flags (-O3 -march=native -fopenmp ...); the 12 accumulators stay in registers (checked with -S:
+# 12 vfmadd132ps on %zmm registers per iteration, no loads or stores), and their sum goes to a
+# volatile global, so the compiler cannot drop the loop.
+FMA_PEAK_C = r"""#include <omp.h>
+#include <math.h>
+#if defined(__AVX512F__) || defined(__FMA__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* 12 independent multiply-add chains per thread, in registers: acc = acc * a + b, which tends to
+   b / (1 - a) = 1, so no overflow and no denormals. */
+#define ACC 12
+#if defined(__AVX512F__)
+#define LANES 16
+#define VEC __m512
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+#define STORE _mm512_storeu_ps
+const char *tc_fma_isa = "AVX-512 _mm512_fmadd_ps";
+#elif defined(__FMA__) && defined(__AVX2__)
+#define LANES 8
+#define VEC __m256
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+#define STORE _mm256_storeu_ps
+const char *tc_fma_isa = "AVX2 _mm256_fmadd_ps";
+#else
+#define LANES 1
+#define VEC float
+#define SET1(x) (x)
+#define FMA fmaf
+#define ADD(x, y) ((x) + (y))
+#define STORE(p, x) (*(p) = (x))
+const char *tc_fma_isa = "scalar fmaf";
+#endif
+
+volatile float tc_fma_sink;  /* the sum of all accumulators: the loops cannot be dropped */
+int tc_fma_threads;          /* the threads the last call ran on */
+
+/* iters multiply-adds on each of ACC accumulators of LANES floats, on `threads` threads (0: the
+   OpenMP default); returns the FLOPs done by all threads together (2 per lane per multiply-add). */
+double tc_fma_peak(long iters, int threads) {
+    int n = threads > 0 ? threads : omp_get_max_threads();
+    double flops = 0.0;
+    float total = 0.0f;
+    #pragma omp parallel num_threads(n) reduction(+ : flops, total)
+    {
+        const VEC a = SET1(0.999999f), b = SET1(1e-6f);
+        const float s = 0.5f + 1e-3f * (float)omp_get_thread_num();
+        VEC x0 = SET1(s), x1 = SET1(s + 0.01f), x2 = SET1(s + 0.02f), x3 = SET1(s + 0.03f);
+        VEC x4 = SET1(s + 0.04f), x5 = SET1(s + 0.05f), x6 = SET1(s + 0.06f), x7 = SET1(s + 0.07f);
+        VEC x8 = SET1(s + 0.08f), x9 = SET1(s + 0.09f), x10 = SET1(s + 0.10f), x11 = SET1(s + 0.11f);
+        for (long i = 0; i < iters; i++) {
+            x0 = FMA(x0, a, b); x1 = FMA(x1, a, b); x2 = FMA(x2, a, b); x3 = FMA(x3, a, b);
+            x4 = FMA(x4, a, b); x5 = FMA(x5, a, b); x6 = FMA(x6, a, b); x7 = FMA(x7, a, b);
+            x8 = FMA(x8, a, b); x9 = FMA(x9, a, b); x10 = FMA(x10, a, b); x11 = FMA(x11, a, b);
+        }
+        VEC sum = ADD(ADD(ADD(x0, x1), ADD(x2, x3)), ADD(ADD(x4, x5), ADD(x6, x7)));
+        sum = ADD(sum, ADD(ADD(x8, x9), ADD(x10, x11)));
+        float lanes[LANES];
+        STORE(lanes, sum);
+        for (int l = 0; l < LANES; l++)
+            total += lanes[l];
+        flops += 2.0 * ACC * LANES * (double)iters;
+        #pragma omp single nowait
+        tc_fma_threads = omp_get_num_threads();
+    }
+    tc_fma_sink = total;
+    return flops;
+}
+"""
+
+
+class FmaPeak:
+    """The float32 FMA peak loop (FMA_PEAK_C), compiled by tcdsl's toolchain and loaded with ctypes."""
+
+    def __init__(self) -> None:
+        from tcdsl.codegen import toolchain
+
+        self.lib = ctypes.CDLL(str(toolchain.build(FMA_PEAK_C, "fma_peak")))
+        self.fn = self.lib.tc_fma_peak
+        self.fn.argtypes = [ctypes.c_long, ctypes.c_int]
+        self.fn.restype = ctypes.c_double
+        isa = ctypes.c_char_p.in_dll(self.lib, "tc_fma_isa").value
+        self.isa = isa.decode() if isa else "?"
+        self.iters: dict[int, int] = {}  # threads -> iterations for a run of about FMA_RUN_S
+
+    def run(self, iters: int, threads: int) -> tuple[float, float, int]:
+        """One call: (seconds, FLOPs done, threads it ran on); ``threads`` 0 is the OpenMP default."""
+        t0 = time.perf_counter()
+        flops = self.fn(iters, threads)
+        dt = time.perf_counter() - t0
+        if not math.isfinite(ctypes.c_float.in_dll(self.lib, "tc_fma_sink").value):
+            raise SystemExit("FMA peak: the accumulators are not finite")
+        return dt, flops, ctypes.c_int.in_dll(self.lib, "tc_fma_threads").value
+
+    def gflops(self, threads: int) -> tuple[float, int]:
+        """Best-of-FMA_REPS GFLOP/s on ``threads`` threads (0: the OpenMP default), and the thread count."""
+        iters = self.iters.get(threads)
+        if iters is None:  # size one run to about FMA_RUN_S
+            iters = 1 << 16
+            while (dt := self.run(iters, threads)[0]) < 0.01:
+                iters *= 4
+            iters = self.iters[threads] = max(1, int(iters * FMA_RUN_S / dt))
+        quiesce()
+        best, flops, used = math.inf, 0.0, 0
+        for _ in range(FMA_REPS):
+            dt, flops, used = self.run(iters, threads)
+            best = min(best, dt)
+        return flops / best / 1e9, used
+
+
+def measure_fma_peak(peak: FmaPeak) -> dict[str, float]:
+    """GFLOP/s of the FMA peak loop on one thread and on all (the OpenMP default)."""
+    one, _ = peak.gflops(1)
+    every, n = peak.gflops(0)
+    return {"1 thread": one, f"{n} thread{'s' if n != 1 else ''} (all)": every}
+
+
+def fma_report(before: dict[str, float], after: dict[str, float], peak: FmaPeak) -> float:
+    """Print the FMA peaks measured before and after the kernels; returns the best all-thread figure."""
+    ref = max(v for m in (before, after) for k, v in m.items() if k.endswith("(all)"))
+    print(f"## compute (float32 FMA peak: {ref:.1f} GFLOP/s; {peak.isa}, 12 independent accumulators in "
+          f"registers per thread, best of {FMA_REPS} runs of ~{FMA_RUN_S * 1e3:.0f} ms)")
+    print()
+    print("| FMA peak | GFLOP/s before the kernels | GFLOP/s after |")
+    print("|---|---:|---:|")
+    for k in before:
+        print(f"| {k} | {before[k]:.1f} | {after.get(k, math.nan):.1f} |")
+    print()
+    print(f"the machine's best (all threads): {ref:.1f} GFLOP/s")
     print()
     return ref
 
@@ -556,6 +763,57 @@ def bandwidth_table(results: list[Result], best_triad: float) -> None:
     print()
 
 
+def compute_table(results: list[Result], peak: float) -> None:
+    """GFLOP/s of the compute-bound kernels per contender, tcdsl's fraction of the FMA peak and the
+    fastest time the peak allows (medians, then best of the rounds)."""
+    rows = [r for r in results if r.case.flops and r.times]
+    if not rows:
+        return
+    print("## compute-bound kernels (GFLOP/s = FLOPs of one call / median time; a multiply-add counts 2)")
+    print()
+    print("'fastest at peak' = FLOPs / the machine's best all-thread FMA peak"
+          + (f" ({peak:.1f} GFLOP/s)" if peak else " (not measured)")
+          + "; 'best possible torch/tcdsl' = torch time / that: the largest speed-up over torch any code "
+          "could show here. A fraction of the peak above 1 means the peak runs lost cores to other work.")
+    print()
+    print("| kernel | GFLOP | tcdsl GFLOP/s | numpy GFLOP/s | torch GFLOP/s | tcdsl / peak | fastest time at peak ms "
+          "| best possible torch/tcdsl |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        at_peak = r.case.flops / (peak * 1e9) if peak else None
+        print(f"| {r.case.name} | {r.case.flops / 1e9:.3f} | {fmt_gflops(r, r.times)} "
+              f"| {fmt_frac(peak_fraction(r, r.times, peak))} | {fmt_ms(at_peak)} "
+              f"| {fmt_ratio(ratio(r.times.get('torch'), at_peak))} |")
+    print()
+    print("best of the rounds:")
+    print()
+    print("| kernel | tcdsl GFLOP/s | numpy GFLOP/s | torch GFLOP/s | tcdsl / peak | best possible torch/tcdsl |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        at_peak = r.case.flops / (peak * 1e9) if peak else None
+        print(f"| {r.case.name} | {fmt_gflops(r, r.best)} | {fmt_frac(peak_fraction(r, r.best, peak))} "
+              f"| {fmt_ratio(ratio(r.best.get('torch'), at_peak))} |")
+    print()
+
+
+def fmt_gflops(r: Result, times: dict[str, float]) -> str:
+    """The tcdsl, numpy and torch GFLOP/s cells of one row."""
+    return " | ".join("-" if times.get(k) is None else f"{r.case.flops / times[k] / 1e9:.1f}"
+                      for k in ("tcdsl", "numpy", "torch"))
+
+
+def fmt_frac(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def peak_fraction(r: Result, times: dict[str, float], peak: float) -> float | None:
+    """tcdsl's GFLOP/s over the FMA peak (None when tcdsl did not run or gave a wrong result)."""
+    t = times.get("tcdsl")
+    if t is None or not peak or r.status != "ok":
+        return None
+    return r.case.flops / t / 1e9 / peak
+
+
 def triad_fraction(r: Result, times: dict[str, float]) -> float | None:
     """tcdsl's GB/s writing into an existing array over the triad's, from the same rounds."""
     t, tt = times.get(OUT), times.get(TRIAD)
@@ -695,6 +953,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     describe_machine(torch, torch_note, options)
     triad = Triad() if any(c.bytes_moved for c in selected) else None
     triad_before = measure_triad(torch, triad) if triad else {}
+    fma, fma_before = None, {}
+    if any(c.flops for c in selected):
+        try:
+            fma = FmaPeak()
+            fma_before = measure_fma_peak(fma)
+        except Exception as e:  # no peak: the compute table still shows GFLOP/s
+            fma = None
+            print(f"FMA peak not measured: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            print()
 
     rng = np.random.default_rng(0)
     results = []
@@ -708,6 +975,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table(results)
     best_triad = triad_report(triad_before, measure_triad(torch, triad)) if triad is not None else 0.0
     bandwidth_table(results, best_triad)
+    best_peak = fma_report(fma_before, measure_fma_peak(fma), fma) if fma is not None else 0.0
+    compute_table(results, best_peak)
     targets(results, torch is not None)
     if a.tune:
         tuned_table(results, a.tune, a.population)
