@@ -399,7 +399,16 @@ class _Emitter:
         with w.indent():
             inside = self._interleaved(rt, s, args)
             vt = vectile.plan(self, rt) if self.VECTOR_TILES and inside is None else None
-            if vt is not None:
+            if vt is not None and vt.full:  # partial tiles take the scalar tile
+                w.line("#if TC_VEC16")
+                w.line(f"if ({' && '.join(vt.full)}) {{")
+                with w.indent():
+                    vectile.emit(self, vt, s.number in self.identity_start)
+                w.line("} else")
+                w.line("#endif")
+                w.line("{")
+                w.push()
+            elif vt is not None:
                 w.line("#if TC_VEC16")
                 vectile.emit(self, vt, s.number in self.identity_start)
                 w.line("#else")
@@ -418,7 +427,10 @@ class _Emitter:
                 w.pop()
                 w.line("}")
             self._tile_loops(rt, f"{target} = {acc};")
-            if vt is not None:
+            if vt is not None and vt.full:
+                w.pop()
+                w.line("}")
+            elif vt is not None:
                 w.line("#endif")
         w.line("}")
 

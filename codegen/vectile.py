@@ -55,6 +55,7 @@ class VectorTile:
     stmt: Statement
     row: str  # the statement index that runs along the vectors
     starts: tuple[int, ...]  # offsets of the vectors in a row (the last may overlap the one before)
+    full: tuple[str, ...] = ()  # C tests that a partial tile (``c6 <= min(5, N - c3)``) is whole this time
 
 
 def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
@@ -65,10 +66,11 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         return None
     if s.tensor in em.scalars or s.tensor in em.rows or s.tensor in em.contracted:
         return None
-    trips = [trip_count(f) for f in rt.inner]
-    if any(n is None or n != e for n, e in zip(trips, rt.extents)):
-        return None
     vec = rt.inner[-1]
+    if trip_count(vec) != rt.extents[-1]:
+        return None
+    if any(trip_count(f) not in (None, e) for f, e in zip(rt.inner[:-1], rt.extents[:-1])):
+        return None
     extent = rt.extents[-1]
     if extent < LANES:
         return None
@@ -89,7 +91,10 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         starts += (extent - LANES,)
     if rows * len(starts) > MAX_ACCUMULATORS:
         return None
-    return VectorTile(rt, s, row, starts)
+    full = tuple(f"{_top(em._lexpr(f.cond.args[1]))} >= {_init(f) + e - (1 if f.cond.op == '<=' else 0)}"
+                 for f, e in zip(rt.inner[:-1], rt.extents[:-1])
+                 if trip_count(f) is None and isinstance(f.cond, LOp))
+    return VectorTile(rt, s, row, starts, full)
 
 
 def _plus_var(e: LExpr, var: str) -> bool:
@@ -133,8 +138,6 @@ def _step(em: _Emitter, r: Read, row: str) -> int | None:
 def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     """The tile in vectors: accumulators set (to the identity, or loaded from the target), the
     serial loops around one unrolled step of every accumulator, then the stores."""
-    from .c import _top
-
     rt, s, w = vt.rt, vt.stmt, em.w
     st = em.scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
@@ -199,6 +202,12 @@ def _vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str, 
     if text not in loads:
         loads[text] = f"{'v' if _step(em, e, row) == 1 else 'b'}{len(loads)}"
     return loads[text]
+
+
+def _top(text: str) -> str:
+    from .c import _top as top
+
+    return top(text)
 
 
 def _init(f: LFor) -> int:

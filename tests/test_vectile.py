@@ -1,7 +1,8 @@
 """Register tiles in explicit AVX-512 vectors (codegen.vectile): the kernels that take the vector
 form give the same bits as the scalar tile, against numpy, with the tile starting at zero or
-loaded from the target, rows of whole vectors or ending in an overlapping vector, and the scalar
-fallback (a compiler without AVX-512) still right."""
+loaded from the target, rows of whole vectors or ending in an overlapping vector, partial tiles
+on the scalar path beside whole ones, and the scalar fallback (a compiler without AVX-512) still
+right."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ CASES = [
      ("_mm512_setzero_ps",)),
     ("matmul-k-tiles", MATMUL, [(64, 256), (256, 64)], MappingOptions(tile=(4, 32, 8)),
      lambda a, b: a.astype(np.float64) @ b, ("_mm512_loadu_ps(&t2",)),
+    ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, lambda a, b: a.astype(np.float64) @ b,
+     ("if (tc_lmin(",)),  # 6-row tiles of 100 rows: the last tile takes the scalar path
+    ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 80)], None, lambda a, b: a.astype(np.float64) @ b,
+     ("if (tc_lmin(", "overlapping", "a 6x40 register tile")),
     ("sum-of-difference", SUM, [(4, 20), (20, 40)], None,
      lambda a, b: a.sum(1, dtype=np.float64)[:, None] - 0.5 * b.sum(0, dtype=np.float64)[None, :],
      ("overlapping", "_mm512_sub_ps", "_mm512_set1_ps(0x1")),
