@@ -22,7 +22,7 @@ from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, memshare, regtile, transpose, vectile
+from . import contract, memshare, regtile, transpose, vecloop, vectile
 from .writer import LineWriter
 
 CTYPE = {
@@ -83,16 +83,13 @@ static inline long tc_chunk(long trips) {
 
 """
 
-VECTOR_EXP = r"""/* float32 exp: on AVX-512, a 16-lane version the `omp simd` loops call (2^k * p(r) with k rounded
-   from x / ln 2, a two-part ln 2, Cephes' polynomial and vscalefps for 2^k, subnormals included);
-   elsewhere, and for single values, libm's expf. */
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+VECTOR_EXP = r"""/* float32 exp: on AVX-512, tc_exp16 computes 16 lanes (2^k * p(r) with k rounded from x / ln 2, a
+   two-part ln 2, Cephes' polynomial and vscalefps for 2^k, subnormals included); the `omp simd`
+   loops call it through a vector variant of tc_expf, the explicit vector loops inline it. Single
+   values, and other machines, use libm's expf. */
+#if defined(__AVX512F__) && defined(__GNUC__)
 #include <immintrin.h>
-#pragma omp declare simd notinbranch simdlen(16)
-float tc_expf(float);
-__attribute__((visibility("hidden"))) float tc_expf_one(float x) __asm__("tc_expf");
-__attribute__((visibility("hidden"))) float tc_expf_one(float x) { return expf(x); }
-__attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) {
+static inline __attribute__((always_inline)) __m512 tc_exp16(__m512 x) {
   __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
   __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -108,6 +105,13 @@ __attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) {
   __m512 y = _mm512_scalef_ps(p, k);
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
 }
+#endif
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#pragma omp declare simd notinbranch simdlen(16)
+float tc_expf(float);
+__attribute__((visibility("hidden"))) float tc_expf_one(float x) __asm__("tc_expf");
+__attribute__((visibility("hidden"))) float tc_expf_one(float x) { return expf(x); }
+__attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) { return tc_exp16(x); }
 #define TC_EXPF tc_expf
 #else
 #define TC_EXPF expf
@@ -191,6 +195,7 @@ class _Emitter:
         self.scalars: dict[str, str] = {}  # contracted temporaries -> their C scalar
         self.hoisted: dict[int, str] = {}  # id(Read) -> a constant loaded before the current loop
         self.hoist_count = 0
+        self.vector_code = False  # explicit vector code written (vectile, vecloop)
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -207,9 +212,7 @@ class _Emitter:
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
         if self.transposes:
             w.raw(transpose.HELPER)
-        if self.VECTOR_TILES and any(isinstance(n, LFor) and (rt := regtile.match(n, self.scop, self.c))
-                                     and vectile.plan(self, rt) for n in walk(ir.body)):
-            w.raw(vectile.PRELUDE)
+        vector_prelude = w.mark()  # vectile.PRELUDE goes here if any vector code is written
         self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
             t = self.tensors[name]
@@ -241,6 +244,8 @@ class _Emitter:
                 self._node(n)
             w.line("return (int)tc_err[0];")
         w.line("}")
+        if self.vector_code:
+            w.insert(vector_prelude, vectile.PRELUDE)
         sizes: dict[str, int] = {}
         for name, owner in owners.items():
             sizes[owner] = max(sizes.get(owner, 0), memshare.elements(self.shapes[name]))
@@ -291,6 +296,12 @@ class _Emitter:
         if isinstance(n, LFor):
             hoisted = self._hoist(n) if n.simd else {}
             self.hoisted.update(hoisted)
+            vl = vecloop.plan(self, n)
+            if vl is not None:
+                self.vector_code = True
+                w.line("#if TC_VEC16")
+                vecloop.emit(self, vl)
+                w.line("#else")
             if n.omp:
                 collapsed = self._collapsible(n)
                 collapse = " collapse(2)" if collapsed else ""
@@ -306,6 +317,8 @@ class _Emitter:
             with w.indent():
                 self._body(n.body)
             w.line("}")
+            if vl is not None:
+                w.line("#endif")
             for key in hoisted:
                 del self.hoisted[key]
         elif isinstance(n, LIf):
@@ -399,6 +412,7 @@ class _Emitter:
         with w.indent():
             inside = self._interleaved(rt, s, args)
             vt = vectile.plan(self, rt) if self.VECTOR_TILES and inside is None else None
+            self.vector_code |= vt is not None
             if vt is not None and vt.full:  # partial tiles take the scalar tile
                 w.line("#if TC_VEC16")
                 w.line(f"if ({' && '.join(vt.full)}) {{")

@@ -36,15 +36,19 @@ LANES = 16  # float32 lanes of an AVX-512 register
 MAX_ACCUMULATORS = 24  # of 32 vector registers: the rest hold the loads of one step
 OPS = {"+": "_mm512_add_ps", "-": "_mm512_sub_ps", "*": "_mm512_mul_ps"}
 
-PRELUDE = r"""/* Register tiles in explicit 16-lane vectors: each input vector is loaded once into a register
-   and used by every row of the tile (tc_keep stops GCC from folding the load into each
-   multiply-add that uses it) */
+PRELUDE = r"""/* Register tiles and loops in explicit 16-lane vectors where the compiler targets AVX-512 (or
+   -DTC_VEC16=1/0 says): each input vector of a tile is loaded once into a register and used by
+   every row of the tile (tc_keep stops GCC from folding the load into each multiply-add) */
+#ifndef TC_VEC16
 #if defined(__AVX512F__) && defined(__GNUC__)
-#include <immintrin.h>
 #define TC_VEC16 1
-#define tc_keep(v) __asm__("" : "+v"(v))
 #else
 #define TC_VEC16 0
+#endif
+#endif
+#if TC_VEC16
+#include <immintrin.h>
+#define tc_keep(v) __asm__("" : "+v"(v))
 #endif
 """
 
@@ -76,7 +80,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         return None
     args = dict(zip(st.indices, rt.call.args))
     along = [name for name, a in args.items() if vec.var in expr_vars(a)]
-    if len(along) != 1 or along[0] not in s.lhs or not _plus_var(args[along[0]], vec.var):
+    if len(along) != 1 or along[0] not in s.lhs or not plus_var(args[along[0]], vec.var):
         return None
     row = along[0]
     if em.strides[s.tensor][s.lhs.index(row)] != 1:
@@ -97,10 +101,12 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     return VectorTile(rt, s, row, starts, full)
 
 
-def _plus_var(e: LExpr, var: str) -> bool:
-    """``e`` is ``var``, or ``var`` plus terms without it."""
+def plus_var(e: LExpr, var: str) -> bool:
+    """``e`` is ``var``, or ``var`` plus or minus terms without it."""
     if e == LVar(var):
         return True
+    if isinstance(e, LOp) and e.op == "-" and len(e.args) == 2:
+        return e.args[0] == LVar(var) and var not in expr_vars(e.args[1])
     return (isinstance(e, LOp) and e.op == "+" and sum(a == LVar(var) for a in e.args) == 1
             and not any(var in expr_vars(a) for a in e.args if a != LVar(var)))
 

@@ -18,6 +18,14 @@ class LineWriter:
     def raw(self, text: str) -> None:
         self._lines.extend(text.rstrip("\n").split("\n"))
 
+    def mark(self) -> int:
+        """The position of the next line, for ``insert``."""
+        return len(self._lines)
+
+    def insert(self, at: int, text: str) -> None:
+        """Put ``text`` (unindented lines) at a position taken with ``mark``."""
+        self._lines[at:at] = text.rstrip("\n").split("\n")
+
     def push(self) -> None:
         self._depth += 1
 

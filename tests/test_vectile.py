@@ -1,8 +1,8 @@
-"""Register tiles in explicit AVX-512 vectors (codegen.vectile): the kernels that take the vector
-form give the same bits as the scalar tile, against numpy, with the tile starting at zero or
-loaded from the target, rows of whole vectors or ending in an overlapping vector, partial tiles
-on the scalar path beside whole ones, and the scalar fallback (a compiler without AVX-512) still
-right."""
+"""Register tiles and loops in explicit AVX-512 vectors (codegen.vectile, codegen.vecloop): the
+kernels that take the vector form give the same bits as the scalar code, against numpy, with the
+tile starting at zero or loaded from the target, rows of whole vectors or ending in an
+overlapping vector, partial tiles on the scalar path beside whole ones, and the scalar fallback
+(a compiler without AVX-512, or -DTC_VEC16=0) still right."""
 
 from __future__ import annotations
 
@@ -73,17 +73,24 @@ def test_vector_tile_matches_scalar_and_numpy(case: tuple) -> None:
     assert not np.array_equal(got, np.zeros_like(got))
 
 
-def test_fallback_without_avx512(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Compiled for a CPU without AVX-512, the same source runs its scalar tile."""
+def _built_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str, src: str, args: list) -> np.ndarray:
+    """The kernel compiled with one more compiler flag, in a cache of its own."""
+    monkeypatch.setenv("CC", " ".join([*toolchain.compiler(), flag]))
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path / flag.strip("-").replace("=", "_")))
+    before = toolchain.BUILDS
+    out = tc.define(src)(*args)
+    assert toolchain.BUILDS == before + 1  # a build of its own, not the library from the cache
+    monkeypatch.undo()
+    return out
+
+
+@pytest.mark.parametrize("flag", ["-mno-avx512f", "-DTC_VEC16=0"])
+def test_fallback_without_avx512(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str) -> None:
+    """Compiled for a CPU without AVX-512, or with the vector code turned off, the same source
+    runs its scalar tile, with the same bits."""
     case = CASES[0]
     got, src, args = _run(case)
-    monkeypatch.setenv("CC", " ".join([*toolchain.compiler(), "-mno-avx512f"]))
-    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path))
-    before = toolchain.BUILDS
-    k = tc.define(case[1])
-    fallback = k(*args)
-    assert toolchain.BUILDS == before + 1  # a build of its own, not the AVX-512 library from the cache
-    np.testing.assert_array_equal(fallback, got)
+    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, flag, case[1], args), got)
 
 
 def test_conv_tile_shape() -> None:
@@ -99,3 +106,50 @@ def test_conv_tile_shape() -> None:
     assert src.count("_mm512_loadu_ps(&t0") == 4  # columns 0, 16, 32 and 38
     assert '"+v"' in src
     np.testing.assert_allclose(k(I, W), _conv(I, W), rtol=1e-5)
+
+
+SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
+    mx(n) max=! X(n,r_d)
+    e(n,d) = exp(X(n,d) - mx(n))
+    s(n) +=! e(n,r_d)
+    Y(n,d) = e(n,d) / s(n)
+}"""
+SCALE = """def scale(float(N,D) X, float(N) M, float(N) S) -> (Y) {
+    Y(n,d) = (X(n,d) - M(n)) * 0.5 / S(n)
+    Y(n,d) = Y(n,d) * X(n,d)
+}"""
+
+
+@pytest.mark.parametrize("D", [1024, 1000])
+def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D: int) -> None:
+    """softmax's exp and division loops in explicit vectors (exp inlined): the bits of the
+    auto-vectorised loops (-DTC_VEC16=0), close to numpy, with rows of whole vectors or not."""
+    X = (np.random.default_rng(2).random((16, D), dtype=np.float32) - 0.5) * 20
+    k = tc.define(SOFTMAX)
+    src = k.source(X)
+    assert "_mm512_div_ps(_mm512_loadu_ps(&r" in src, src  # e / s, e in a row buffer
+    if D == 1024:  # 4 tiles of 256: exp and sum in loops of their own
+        assert "tc_exp16(_mm512_sub_ps(" in src, src
+    else:  # exp fused with the sum (not a simd loop); the division's rows end in an overlapping vector
+        assert "overlapping the vector before" in src, src
+    got = k(X)
+    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC16=0", SOFTMAX, [X]), got)
+    e = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("D", [48, 50])
+def test_vector_loop_broadcast_and_in_place(D: int) -> None:
+    """Broadcast reads and a constant in a vector loop of two statements; the loop, which updates
+    Y in place, takes the vector form only where the rows are whole vectors (no overlapping
+    rewrite)."""
+    rng = np.random.default_rng(3)
+    X = rng.random((8, D), dtype=np.float32)
+    M = rng.random(8, dtype=np.float32)
+    S = rng.random(8, dtype=np.float32) + 1
+    k = tc.define(SCALE)
+    src = k.source(X, M, S)
+    stores = [line for line in src.split("\n") if "_mm512_storeu_ps" in line]
+    assert len(stores) == (2 if D % 16 == 0 else 0), src
+    want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
+    np.testing.assert_allclose(k(X, M, S), want, rtol=1e-6)

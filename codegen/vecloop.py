@@ -1,0 +1,156 @@
+"""Vector loops: ``LFor -> VectorLoop | None``, and a vectorisable pointwise loop written in
+explicit 16-lane AVX-512 vectors.
+
+An innermost ``omp simd`` loop of float32 ``=`` statements, with a constant trip count of at
+least one vector, whose target and reads run along the loop contiguously (or not at all: a
+broadcast), and whose value is built from ``+ - * /`` and ``exp``: softmax's
+``e(n, d) = exp(X(n, d) - mx(n))``. Auto-vectorised, each vector of such a loop calls the
+out-of-line vector ``exp``, and every call clobbers every vector register; written out, ``exp``
+is inlined and its constants stay in registers (softmax 1.12 -> 0.95 ms on 2 threads). The
+arithmetic is the scalar loop's, lane by lane, so both give the same bits.
+
+A trip count that is not a whole number of vectors ends with a vector overlapping the one before
+it, which recomputes and rewrites the same values; where a statement of the loop reads what one
+of them writes (an update in place), rerun lanes would not, and the loop keeps its scalar form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tcdsl.affine import Sym, Var
+from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, reads
+from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
+
+from .vectile import LANES, OPS, _top, plus_var
+
+if TYPE_CHECKING:
+    from .c import _Emitter
+
+VOPS = {**OPS, "/": "_mm512_div_ps"}
+
+
+@dataclass(frozen=True)
+class VectorLoop:
+    loop: LFor
+    calls: tuple[tuple[LCall, Statement, str], ...]  # each statement, and its index that moves with the loop
+    trips: int
+    overlap: bool  # the last vector overlaps the one before
+
+
+def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
+    """The vector form of the simd loop ``n``, or None where it has none."""
+    if not (em.VECTOR_TILES and em.vectorize and n.simd and not n.omp and n.step == 1 and isinstance(n.init, LInt)):
+        return None
+    trips = trip_count(n)
+    if trips is None or trips < LANES or not n.body or not all(isinstance(b, LCall) for b in n.body):
+        return None
+    calls = []
+    for call in n.body:
+        assert isinstance(call, LCall)
+        st = em.scop.stmt(call.stmt)
+        s = em.c.stmts[st.number - 1]
+        if st.kind != "update" or s.op != "=" or em.tensors[s.tensor].dtype != "float32" or s.tensor in em.scalars:
+            return None
+        args = dict(zip(st.indices, call.args))
+        along = [name for name, a in args.items() if n.var in expr_vars(a)]
+        if len(along) != 1 or along[0] not in s.lhs or not plus_var(args[along[0]], n.var):
+            return None
+        row = along[0]
+        if _elem_step(em, s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), row) != 1:
+            return None
+        if not _vector_expr(em, s.rhs, s, row):
+            return None
+        calls.append((call, s, row))
+    written = {s.tensor for _, s, _ in calls}
+    overlap = trips % LANES != 0
+    if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
+        return None  # rerunning lanes would read what the first run wrote
+    return VectorLoop(n, tuple(calls), trips, overlap)
+
+
+def _vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str) -> bool:
+    if e.dtype != "float32":
+        return False
+    if isinstance(e, Const):
+        return True
+    if isinstance(e, Binop):
+        return e.op in VOPS and _vector_expr(em, e.lhs, s, row) and _vector_expr(em, e.rhs, s, row)
+    if isinstance(e, Call):
+        return e.fn == "exp" and _vector_expr(em, e.args[0], s, row)
+    if isinstance(e, Read):
+        if id(e) in em.hoisted or e.tensor in em.scalars:
+            return True
+        if e.conditional or not all(isinstance(x, Sym) for x in e.subs):
+            return False
+        return _elem_step(em, e.tensor, tuple(x for x in e.subs if isinstance(x, Sym)), row) in (0, 1)
+    return False
+
+
+def _elem_step(em: _Emitter, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
+    """Elements of ``tensor``'s buffer (its memory, or the row buffer of a temporary) between
+    ``subs`` at one value of ``row`` and the next; None if not linear in ``row``."""
+    v = Var(row, "index")
+    if tensor in em.rows:
+        fixed, shape = em.rows[tensor][1], em.shapes[tensor]
+        strides, stride = [0] * len(shape), 1
+        for d in reversed(range(len(shape))):
+            if d not in fixed:
+                strides[d], stride = stride, stride * shape[d]
+    else:
+        strides = list(em.strides[tensor])
+    step = 0
+    for d, sub in enumerate(subs):
+        if row in sub.without(v).indices():
+            return None
+        step += sub.coeff(v) * strides[d]
+    return step
+
+
+def emit(em: _Emitter, vl: VectorLoop) -> None:
+    """The loop in whole vectors, then the last vector (overlapping) when the trip count is not
+    a whole number of them."""
+    w, n = em.w, vl.loop
+    assert isinstance(n.init, LInt)
+    lo = n.init.value
+    whole = vl.trips // LANES * LANES
+    w.line(f"for (long {n.var} = {lo}; {n.var} < {lo + whole}; {n.var} += {LANES}) {{")
+    with w.indent():
+        _body(em, vl)
+    w.line("}")
+    if vl.overlap:
+        w.line(f"{{  // the last {LANES} of {vl.trips}, overlapping the vector before")
+        with w.indent():
+            w.line(f"const long {n.var} = {lo + vl.trips - LANES};")
+            _body(em, vl)
+        w.line("}")
+
+
+def _body(em: _Emitter, vl: VectorLoop) -> None:
+    for call, s, row in vl.calls:
+        st = em.scop.stmt(call.stmt)
+        em.w.line(f"{{  // statement {s.number} (line {s.span.line})")
+        with em.w.indent():
+            env: dict[str, str] = {}
+            for k, (name, arg) in enumerate(zip(st.indices, call.args)):
+                em.w.line(f"const long x{k} = {_top(em._lexpr(arg))};")
+                env[name] = f"x{k}"
+            target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
+            em.w.line(f"_mm512_storeu_ps(&{target}, {_vexpr(em, s.rhs, env, s, row)});")
+        em.w.line("}")
+
+
+def _vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str) -> str:
+    if isinstance(e, Const):
+        return f"_mm512_set1_ps({em._expr(e, env, s)})"
+    if isinstance(e, Binop):
+        return f"{VOPS[e.op]}({_vexpr(em, e.lhs, env, s, row)}, {_vexpr(em, e.rhs, env, s, row)})"
+    if isinstance(e, Call):
+        return f"tc_exp16({_vexpr(em, e.args[0], env, s, row)})"
+    assert isinstance(e, Read)
+    at = em._read(e, env, s)
+    if id(e) in em.hoisted or e.tensor in em.scalars:
+        return f"_mm512_set1_ps({at})"
+    subs = tuple(x for x in e.subs if isinstance(x, Sym))
+    return f"_mm512_loadu_ps(&{at})" if _elem_step(em, e.tensor, subs, row) == 1 else f"_mm512_set1_ps({at})"
