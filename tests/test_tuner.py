@@ -191,6 +191,37 @@ def test_search_runs_on_a_dask_cluster(db: TuningCache):
 
 
 @pytest.mark.cpu
+def test_candidates_timed_on_the_dask_workers(db: TuningCache, tmp_path: Path):
+    """time_on="executor": the workers time the candidates in processes of their own (the runner
+    records its pid and its parent's), a segfaulting candidate kills only such a process, and
+    the best is still checked against the reference here."""
+    distributed = pytest.importorskip("distributed")
+    k = tc.define(MM)
+    A, B = f32((32, 32)), f32((32, 32), 1)
+    log = tmp_path / "timings.txt"
+    os.environ["TCDSL_TEST_TIMING_LOG"] = str(log)
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
+                as cluster, distributed.Client(cluster) as client:
+            worker_pids = set(client.run(os.getpid).values())
+            result = tc.autotune(k, A, B, generations=2, population=6, elites=1, seed=5, progress=False,
+                                 executor=client.get_executor(), time_on="executor",
+                                 runner="tuner_faults:logged_or_crash")
+            assert set(client.run(os.getpid).values()) == worker_pids  # no Dask worker died
+    finally:
+        del os.environ["TCDSL_TEST_TIMING_LOG"]
+    assert math.isfinite(result.time_s)
+    assert result.invalid >= 1  # the segfault
+    lines = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
+    remote = [pid for pid, parent in lines if parent in worker_pids]
+    assert remote, lines  # timed in processes started by the Dask workers
+    assert all(pid not in worker_pids for pid, _ in lines)  # never in a Dask worker itself
+    np.testing.assert_allclose(k(A, B), A @ B, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs an executor"):
+        tc.autotune(k, A, B, generations=1, population=2, elites=1, progress=False, time_on="executor")
+
+
+@pytest.mark.cpu
 def test_cli_tune_prints_and_stores_the_best(tmp_path: Path):
     src = tmp_path / "mm.tc"
     src.write_text(MM + "\n")

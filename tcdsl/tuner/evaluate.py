@@ -2,8 +2,10 @@
 
 Candidates are compiled in parallel worker processes (or on any ``concurrent.futures.Executor``),
 then timed one at a time in an isolated worker with a timeout: a candidate that crashes, hangs
-or raises is scored invalid and the worker is replaced; the session never sees the fault. A
-candidate that would become the best is first checked against the reference interpreter.
+or raises is scored invalid and the worker is replaced; the session never sees the fault. With
+``time_on="executor"``, the executor's workers also time the candidates, each in an isolated
+process of its own machine (one worker per machine keeps timings apart). A candidate that would
+become the best is first checked here against the reference interpreter.
 """
 
 from __future__ import annotations
@@ -177,6 +179,31 @@ def _exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
+# ---- timing on an executor's workers ----------------------------------------------------------------
+
+_REMOTE_TIMERS: dict[tuple, Worker] = {}  # in an executor's worker process: a timing process per job
+
+
+def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: int, backend: str, runner: str,
+                compile_timeout_s: float, run_timeout_s: float) -> tuple:
+    """Runs on an executor's worker (a Dask worker on another machine, say): lowers, loads and
+    times one candidate in an isolated timing process of that worker, which is kept for the job's
+    next candidates; returns ("ok", seconds) or ("error", why). A candidate that crashes or hangs
+    ends that process, not the executor's worker."""
+    key = (source, tuple(ArgSpec.of(a) for a in inputs), reps, backend, runner)
+    timer = _REMOTE_TIMERS.get(key)
+    if timer is None:
+        timer = _REMOTE_TIMERS[key] = Worker(runner)
+        timer.set_job(("job", source, inputs, reps, backend))
+    timer.send(("prepare", options_json))
+    reply = timer.receive(compile_timeout_s)
+    if reply[0] != "ok":
+        return ("error", f"compile: {reply[1]}")
+    timer.send(("time", options_json, False))
+    reply = timer.receive(run_timeout_s)
+    return ("ok", float(reply[1])) if reply[0] == "ok" else ("error", f"run: {reply[1]}")
+
+
 # ---- the evaluator ---------------------------------------------------------------------------------
 
 @dataclass
@@ -193,11 +220,16 @@ class Evaluator:
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
     runner: str = "tcdsl.tuner.evaluate:time_candidate"  # "module:function" timing one candidate
     backend: str = "c"  # "c", "opencl" or "cuda"
+    time_on: str = "local"  # "executor": candidates are also timed on the executor's workers
     log: Callable[[str], None] = lambda _msg: None
     best: float = math.inf
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
 
     def __post_init__(self) -> None:
+        if self.time_on not in ("local", "executor"):
+            raise ValueError(f"time_on must be 'local' or 'executor', not {self.time_on!r}")
+        if self.time_on == "executor" and self.executor is None:
+            raise ValueError("time_on='executor' needs an executor")
         self._timer = Worker(self.runner)
         self._timer.set_job(("job", self.source, self.inputs, self.reps, self.backend))
         self._compilers: list[Worker] = []
@@ -209,6 +241,8 @@ class Evaluator:
 
     def __call__(self, candidates: Sequence[MappingOptions]) -> list[float]:
         texts = [o.to_json() for o in candidates]
+        if self.time_on == "executor":
+            return self._time_remote(texts)
         errors = self._compile_all(texts)
         costs = []
         for text, err in zip(texts, errors):
@@ -259,6 +293,33 @@ class Evaluator:
                 idle.append(w)
         return results
 
+    def _time_remote(self, texts: list[str]) -> list[float]:
+        """Each candidate compiled and timed by one executor task (see ``time_remote``); a new
+        best is checked here, against the reference, before it counts."""
+        timeout = self.timeout()
+        futures = [self.executor.submit(time_remote, self.source, self.inputs, t, self.reps, self.backend,  # type: ignore[union-attr]
+                                        self.runner, self.compile_timeout_s, timeout) for t in texts]
+        costs = []
+        for text, f in zip(texts, futures):
+            try:
+                reply = f.result(timeout=self.compile_timeout_s + timeout + 60)
+            except Exception as e:  # the task's worker died or the task timed out
+                reply = ("error", f"executor: {type(e).__name__}: {e}")
+            if reply[0] != "ok":
+                self._reject(text, reply[1])
+                costs.append(math.inf)
+                continue
+            t = float(reply[1])
+            if t < self.best:
+                why = self._check(text)
+                if why:
+                    self._reject(text, why)
+                    costs.append(math.inf)
+                    continue
+                self.best = t
+            costs.append(t)
+        return costs
+
     def timeout(self) -> float:
         """Seconds one timing request may take: ``run_timeout_s``, or less once a best is known
         (a candidate 20x slower than the best is not worth waiting for; never under 2 s)."""
@@ -293,8 +354,17 @@ class Evaluator:
         samples: list[list[float]] = [[] for _ in texts]
         for _ in range(rounds):
             for i, text in enumerate(texts):
-                self._timer.send(("time", text, False))
-                reply = self._timer.receive(self.run_timeout_s)
+                if self.time_on == "executor":  # one at a time, on whichever worker takes it
+                    f = self.executor.submit(time_remote, self.source, self.inputs, text,  # type: ignore[union-attr]
+                                             self.reps, self.backend, self.runner, self.compile_timeout_s,
+                                             self.run_timeout_s)
+                    try:
+                        reply = f.result(timeout=self.compile_timeout_s + self.run_timeout_s + 60)
+                    except Exception as e:
+                        reply = ("error", f"{type(e).__name__}: {e}")
+                else:
+                    self._timer.send(("time", text, False))
+                    reply = self._timer.receive(self.run_timeout_s)
                 samples[i].append(float(reply[1]) if reply[0] == "ok" else math.inf)
         return [statistics.median(s) for s in samples]
 

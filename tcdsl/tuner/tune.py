@@ -137,7 +137,8 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
              budget: float | None = None, seed: int | None = None, resume: bool = False,
              executor: Executor | None = None, cache: TuningCache | None = None, progress: bool = True,
              reps: int = 5, run_timeout: float = 60.0, compile_timeout: float = 300.0,
-             runner: str = "tcdsl.tuner.evaluate:time_candidate", backend: str = "c") -> TuneResult:
+             runner: str = "tcdsl.tuner.evaluate:time_candidate", backend: str = "c",
+             time_on: str = "local") -> TuneResult:
     """Search mapping options for ``kernel`` on ``arrays`` on ``backend`` (the C space, or TC's
     GPU options for "opencl" and "cuda"); see the module docstring."""
     if backend == "cuda":
@@ -155,7 +156,7 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
-                          backend=backend)
+                          backend=backend, time_on=time_on)
     evaluate = _Evaluate(space, evaluator, budget)
     seeds = _seeds(space, cache, key)
     bar = _Progress(config.generations, progress)
