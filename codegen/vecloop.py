@@ -23,7 +23,7 @@ from tcdsl.affine import Sym, Var
 from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
-from .vectile import LANES, OPS, _top, plus_var
+from .vectile import LANES, OPS, plus_var, unparen
 
 if TYPE_CHECKING:
     from .c import _Emitter
@@ -134,7 +134,7 @@ def _body(em: _Emitter, vl: VectorLoop) -> None:
         with em.w.indent():
             env: dict[str, str] = {}
             for k, (name, arg) in enumerate(zip(st.indices, call.args)):
-                em.w.line(f"const long x{k} = {_top(em._lexpr(arg))};")
+                em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             em.w.line(f"_mm512_storeu_ps(&{target}, {_vexpr(em, s.rhs, env, s, row)});")

@@ -95,7 +95,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         starts += (extent - LANES,)
     if rows * len(starts) > MAX_ACCUMULATORS:
         return None
-    full = tuple(f"{_top(em._lexpr(f.cond.args[1]))} >= {_init(f) + e - (1 if f.cond.op == '<=' else 0)}"
+    full = tuple(f"{unparen(em._lexpr(f.cond.args[1]))} >= {_init(f) + e - (1 if f.cond.op == '<=' else 0)}"
                  for f, e in zip(rt.inner[:-1], rt.extents[:-1])
                  if trip_count(f) is None and isinstance(f.cond, LOp))
     return VectorTile(rt, s, row, starts, full)
@@ -169,7 +169,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
             value = f"_mm512_loadu_ps(&{target(*key)})"
         w.line(f"__m512 {acc[key]} = {value};")
     for loop in rt.serial:
-        w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {_top(em._lexpr(loop.cond))}; "
+        w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {unparen(em._lexpr(loop.cond))}; "
                f"{loop.var} += {loop.step}) {{")
         w.push()
     loads: dict[str, str] = {}
@@ -210,10 +210,11 @@ def _vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str, 
     return loads[text]
 
 
-def _top(text: str) -> str:
-    from .c import _top as top
+def unparen(text: str) -> str:
+    """The C emitter's ``_top``: one pair of outer parentheses dropped."""
+    from .c import _top
 
-    return top(text)
+    return _top(text)
 
 
 def _init(f: LFor) -> int:

@@ -181,18 +181,21 @@ def _exit_reason(code: int | None) -> str:
 
 # ---- timing on an executor's workers ----------------------------------------------------------------
 
-_REMOTE_TIMERS: dict[tuple, Worker] = {}  # in an executor's worker process: a timing process per job
+_REMOTE_TIMERS: dict[tuple, Worker] = {}  # in an executor's worker process: the current job's timing process
 
 
 def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: int, backend: str, runner: str,
                 compile_timeout_s: float, run_timeout_s: float) -> tuple:
     """Runs on an executor's worker (a Dask worker on another machine, say): lowers, loads and
     times one candidate in an isolated timing process of that worker, which is kept for the job's
-    next candidates; returns ("ok", seconds) or ("error", why). A candidate that crashes or hangs
-    ends that process, not the executor's worker."""
+    next candidates (until another job comes); returns ("ok", seconds) or ("error", why). A
+    candidate that crashes or hangs ends that process, not the executor's worker."""
     key = (source, tuple(ArgSpec.of(a) for a in inputs), reps, backend, runner)
     timer = _REMOTE_TIMERS.get(key)
-    if timer is None:
+    if timer is None:  # a new job: the last one's process goes
+        for old in _REMOTE_TIMERS.values():
+            old.stop()
+        _REMOTE_TIMERS.clear()
         timer = _REMOTE_TIMERS[key] = Worker(runner)
         timer.set_job(("job", source, inputs, reps, backend))
     timer.send(("prepare", options_json))
