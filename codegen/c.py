@@ -173,7 +173,7 @@ def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = 
 class _Emitter:
     ITYPE = "long"  # loop iterators and statement indices
     IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
-    VECTOR_TILES = True  # register tiles in explicit AVX-512 vectors where they have that form
+    VECTOR_TILES = True  # register tiles and pointwise loops in explicit AVX-512 vectors where they have that form
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
