@@ -1,13 +1,15 @@
 """Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in explicit
 16-lane AVX-512 vectors.
 
-A float32 sum register tile (see regtile) whose tile loops all have constant trip counts, and
-whose innermost tile loop runs along a contiguous row of the target at least one vector long, is
-written with one ``__m512`` accumulator per 16 elements of each row. Each input vector of one
-step of the serial loops is loaded once into a register and used by every row of the tile, and a
-value that does not move along the row is broadcast once. Auto-vectorised, the same tile has GCC
-fold each load into every multiply-add that uses it again (one load per FMA, most of them across
-a cache line): conv2d's 4x54 tile ran at 40 % of the FMA peak that way and at 80 % this way.
+A float32 sum register tile (see regtile) whose innermost tile loop has a constant trip count of
+at least one vector and runs along a contiguous row of the target is written with one ``__m512``
+accumulator per 16 elements of each row. Each input vector of one step of the serial loops is
+loaded once into a register and used by every row of the tile, and a value that does not move
+along the row is broadcast once. Auto-vectorised, the same tile has GCC fold each load into
+every multiply-add that uses it again (one load per FMA, most of them across a cache line):
+conv2d's 4x54 tile ran at a third of one core's FMA peak that way and at 80 % this way. Where an
+outer tile loop is partial (6-row tiles of 1024 rows), whole tiles take the vector form and the
+last one the scalar tile.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
 54-wide row: 0, 16, 32, 38): the overlapped elements are computed twice, from the same inputs in
