@@ -19,17 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, reads
+from tcdsl.affine import Sym
+from tcdsl.checked import Statement, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
-from .vectile import LANES, OPS, plus_var, unparen
+from .vectile import LANES, elem_step, plus_var, unparen, vector_expr, vexpr
 
 if TYPE_CHECKING:
     from .c import _Emitter
-
-VOPS = {**OPS, "/": "_mm512_div_ps"}
-
 
 @dataclass(frozen=True)
 class VectorLoop:
@@ -58,9 +55,9 @@ def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
         if len(along) != 1 or along[0] not in s.lhs or not plus_var(args[along[0]], n.var):
             return None
         row = along[0]
-        if _elem_step(em, s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), row) != 1:
+        if elem_step(em, s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), row) != 1:
             return None
-        if not _vector_expr(em, s.rhs, s, row):
+        if not vector_expr(em, s.rhs, s, row, loop=True):
             return None
         calls.append((call, s, row))
     written = {s.tensor for _, s, _ in calls}
@@ -68,44 +65,6 @@ def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
     if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
         return None  # rerunning lanes would read what the first run wrote
     return VectorLoop(n, tuple(calls), trips, overlap)
-
-
-def _vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str) -> bool:
-    if e.dtype != "float32":
-        return False
-    if isinstance(e, Const):
-        return True
-    if isinstance(e, Binop):
-        return e.op in VOPS and _vector_expr(em, e.lhs, s, row) and _vector_expr(em, e.rhs, s, row)
-    if isinstance(e, Call):
-        return e.fn == "exp" and _vector_expr(em, e.args[0], s, row)
-    if isinstance(e, Read):
-        if id(e) in em.hoisted or e.tensor in em.scalars:
-            return True
-        if e.conditional or not all(isinstance(x, Sym) for x in e.subs):
-            return False
-        return _elem_step(em, e.tensor, tuple(x for x in e.subs if isinstance(x, Sym)), row) in (0, 1)
-    return False
-
-
-def _elem_step(em: _Emitter, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
-    """Elements of ``tensor``'s buffer (its memory, or the row buffer of a temporary) between
-    ``subs`` at one value of ``row`` and the next; None if not linear in ``row``."""
-    v = Var(row, "index")
-    if tensor in em.rows:
-        fixed, shape = em.rows[tensor][1], em.shapes[tensor]
-        strides, stride = [0] * len(shape), 1
-        for d in reversed(range(len(shape))):
-            if d not in fixed:
-                strides[d], stride = stride, stride * shape[d]
-    else:
-        strides = list(em.strides[tensor])
-    step = 0
-    for d, sub in enumerate(subs):
-        if row in sub.without(v).indices():
-            return None
-        step += sub.coeff(v) * strides[d]
-    return step
 
 
 def emit(em: _Emitter, vl: VectorLoop) -> None:
@@ -137,20 +96,5 @@ def _body(em: _Emitter, vl: VectorLoop) -> None:
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
-            em.w.line(f"_mm512_storeu_ps(&{target}, {_vexpr(em, s.rhs, env, s, row)});")
+            em.w.line(f"_mm512_storeu_ps(&{target}, {vexpr(em, s.rhs, env, s, row)});")
         em.w.line("}")
-
-
-def _vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str) -> str:
-    if isinstance(e, Const):
-        return f"_mm512_set1_ps({em._expr(e, env, s)})"
-    if isinstance(e, Binop):
-        return f"{VOPS[e.op]}({_vexpr(em, e.lhs, env, s, row)}, {_vexpr(em, e.rhs, env, s, row)})"
-    if isinstance(e, Call):
-        return f"tc_exp16({_vexpr(em, e.args[0], env, s, row)})"
-    assert isinstance(e, Read)
-    at = em._read(e, env, s)
-    if id(e) in em.hoisted or e.tensor in em.scalars:
-        return f"_mm512_set1_ps({at})"
-    subs = tuple(x for x in e.subs if isinstance(x, Sym))
-    return f"_mm512_loadu_ps(&{at})" if _elem_step(em, e.tensor, subs, row) == 1 else f"_mm512_set1_ps({at})"

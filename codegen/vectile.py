@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tcdsl.affine import Sym, Var
-from tcdsl.checked import Binop, Const, Read, Statement, TExpr
+from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .regtile import RegisterTile
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 LANES = 16  # float32 lanes of an AVX-512 register
 MAX_ACCUMULATORS = 24  # of 32 vector registers: the rest hold the loads of one step
 OPS = {"+": "_mm512_add_ps", "-": "_mm512_sub_ps", "*": "_mm512_mul_ps"}
+LOOP_OPS = {**OPS, "/": "_mm512_div_ps"}  # a pointwise loop divides too (a tile's sum of quotients does not)
 
 PRELUDE = r"""/* Register tiles and loops in explicit 16-lane vectors where the compiler targets AVX-512 (or
    -DTC_VEC16=1/0 says): each input vector of a tile is loaded once into a register and used by
@@ -87,7 +88,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     row = along[0]
     if em.strides[s.tensor][s.lhs.index(row)] != 1:
         return None
-    if not _vector_expr(em, s.rhs, s, row):
+    if not vector_expr(em, s.rhs, s, row):
         return None
     rows = 1
     for e in rt.extents[:-1]:
@@ -113,34 +114,74 @@ def plus_var(e: LExpr, var: str) -> bool:
             and not any(var in expr_vars(a) for a in e.args if a != LVar(var)))
 
 
-def _vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str) -> bool:
+def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
     """``e`` is float32 reads, constants, ``+``, ``-`` and ``*``, and each read is contiguous
-    along the row or does not move with it."""
+    along the row or does not move with it. In a pointwise loop (``loop``) also ``/``, ``exp``,
+    values hoisted out of the loop, contracted scalars and row buffers; a register tile reads
+    neither its own target nor a buffer it does not index in memory."""
     if e.dtype != "float32":
         return False
     if isinstance(e, Const):
         return True
     if isinstance(e, Binop):
-        return e.op in OPS and _vector_expr(em, e.lhs, s, row) and _vector_expr(em, e.rhs, s, row)
+        return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop)
+                and vector_expr(em, e.rhs, s, row, loop))
+    if isinstance(e, Call):
+        return loop and e.fn == "exp" and vector_expr(em, e.args[0], s, row, loop)
     if isinstance(e, Read):
-        if e.conditional or e.tensor == s.tensor or e.tensor in em.scalars or e.tensor in em.rows:
+        if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
+            return True
+        if not loop and (e.tensor == s.tensor or e.tensor in em.scalars or e.tensor in em.rows):
             return False
-        if not all(isinstance(x, Sym) for x in e.subs):
+        if e.conditional or not all(isinstance(x, Sym) for x in e.subs):
             return False
-        return _step(em, e, row) in (0, 1)
+        return elem_step(em, e.tensor, _syms(e), row) in (0, 1)
     return False
 
 
-def _step(em: _Emitter, r: Read, row: str) -> int | None:
-    """How many elements the read moves per step along the row; None if it is not linear in it."""
+def elem_step(em: _Emitter, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
+    """Elements of ``tensor``'s buffer (its memory, or the row buffer of a temporary) between
+    ``subs`` at one value of ``row`` and the next; None if not linear in ``row``."""
     v = Var(row, "index")
+    if tensor in em.rows:
+        fixed, shape = em.rows[tensor][1], em.shapes[tensor]
+        strides, stride = [0] * len(shape), 1
+        for d in reversed(range(len(shape))):
+            if d not in fixed:
+                strides[d], stride = stride, stride * shape[d]
+    else:
+        strides = list(em.strides[tensor])
     step = 0
-    for d, sub in enumerate(r.subs):
-        assert isinstance(sub, Sym)
+    for d, sub in enumerate(subs):
         if row in sub.without(v).indices():
             return None
-        step += sub.coeff(v) * em.strides[r.tensor][d]
+        step += sub.coeff(v) * strides[d]
     return step
+
+
+def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
+          loads: dict[str, str] | None = None) -> str:
+    """``e`` as an ``__m512`` expression; with ``loads``, each distinct load or broadcast is
+    named there once (``load text -> local``) and the expression uses the names."""
+    if isinstance(e, Const):
+        return f"_mm512_set1_ps({em._expr(e, env, s)})"
+    if isinstance(e, Binop):
+        return f"{LOOP_OPS[e.op]}({vexpr(em, e.lhs, env, s, row, loads)}, {vexpr(em, e.rhs, env, s, row, loads)})"
+    if isinstance(e, Call):
+        return f"tc_exp16({vexpr(em, e.args[0], env, s, row, loads)})"
+    assert isinstance(e, Read)
+    at = em._read(e, env, s)
+    along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
+    text = f"_mm512_loadu_ps(&{at})" if along else f"_mm512_set1_ps({at})"
+    if loads is None:
+        return text
+    if text not in loads:
+        loads[text] = f"{'v' if along else 'b'}{len(loads)}"
+    return loads[text]
+
+
+def _syms(r: Read) -> tuple[Sym, ...]:
+    return tuple(x for x in r.subs if isinstance(x, Sym))
 
 
 def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
@@ -179,11 +220,11 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     for key in tiles:
         env = env_at(*key)
         if isinstance(s.rhs, Binop) and s.rhs.op == "*":
-            a = _vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
-            b = _vexpr(em, s.rhs.rhs, env, s, vt.row, loads)
+            a = vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
+            b = vexpr(em, s.rhs.rhs, env, s, vt.row, loads)
             updates.append(f"{acc[key]} = _mm512_fmadd_ps({a}, {b}, {acc[key]});")
         else:
-            updates.append(f"{acc[key]} = _mm512_add_ps({acc[key]}, {_vexpr(em, s.rhs, env, s, vt.row, loads)});")
+            updates.append(f"{acc[key]} = _mm512_add_ps({acc[key]}, {vexpr(em, s.rhs, env, s, vt.row, loads)});")
     for text, name in loads.items():
         w.line(f"__m512 {name} = {text};")
     kept = [name for text, name in loads.items() if text.startswith("_mm512_loadu_ps")]
@@ -197,19 +238,6 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
         w.line("}")
     for key in tiles:
         w.line(f"_mm512_storeu_ps(&{target(*key)}, {acc[key]});")
-
-
-def _vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str, loads: dict[str, str]) -> str:
-    if isinstance(e, Const):
-        return f"_mm512_set1_ps({em._expr(e, env, s)})"
-    if isinstance(e, Binop):
-        return f"{OPS[e.op]}({_vexpr(em, e.lhs, env, s, row, loads)}, {_vexpr(em, e.rhs, env, s, row, loads)})"
-    assert isinstance(e, Read)
-    at = em._read(e, env, s)
-    text = f"_mm512_loadu_ps(&{at})" if _step(em, e, row) == 1 else f"_mm512_set1_ps({at})"
-    if text not in loads:
-        loads[text] = f"{'v' if _step(em, e, row) == 1 else 'b'}{len(loads)}"
-    return loads[text]
 
 
 def unparen(text: str) -> str:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -300,14 +300,10 @@ class Evaluator:
         """Each candidate compiled and timed by one executor task (see ``time_remote``); a new
         best is checked here, against the reference, before it counts."""
         timeout = self.timeout()
-        futures = [self.executor.submit(time_remote, self.source, self.inputs, t, self.reps, self.backend,  # type: ignore[union-attr]
-                                        self.runner, self.compile_timeout_s, timeout) for t in texts]
+        futures = [self._submit_timing(t, timeout) for t in texts]
         costs = []
         for text, f in zip(texts, futures):
-            try:
-                reply = f.result(timeout=self.compile_timeout_s + timeout + 60)
-            except Exception as e:  # the task's worker died or the task timed out
-                reply = ("error", f"executor: {type(e).__name__}: {e}")
+            reply = self._remote_reply(f, timeout)
             if reply[0] != "ok":
                 self._reject(text, reply[1])
                 costs.append(math.inf)
@@ -322,6 +318,17 @@ class Evaluator:
                 self.best = t
             costs.append(t)
         return costs
+
+    def _submit_timing(self, text: str, timeout: float) -> Future:
+        assert self.executor is not None
+        return self.executor.submit(time_remote, self.source, self.inputs, text, self.reps, self.backend,
+                                    self.runner, self.compile_timeout_s, timeout)
+
+    def _remote_reply(self, f: Future, timeout: float) -> tuple:
+        try:
+            return f.result(timeout=self.compile_timeout_s + timeout + 60)  # type: ignore[no-any-return]
+        except Exception as e:  # the task's worker died or the task timed out
+            return ("error", f"executor: {type(e).__name__}: {e}")
 
     def timeout(self) -> float:
         """Seconds one timing request may take: ``run_timeout_s``, or less once a best is known
@@ -358,13 +365,7 @@ class Evaluator:
         for _ in range(rounds):
             for i, text in enumerate(texts):
                 if self.time_on == "executor":  # one at a time, on whichever worker takes it
-                    f = self.executor.submit(time_remote, self.source, self.inputs, text,  # type: ignore[union-attr]
-                                             self.reps, self.backend, self.runner, self.compile_timeout_s,
-                                             self.run_timeout_s)
-                    try:
-                        reply = f.result(timeout=self.compile_timeout_s + self.run_timeout_s + 60)
-                    except Exception as e:
-                        reply = ("error", f"{type(e).__name__}: {e}")
+                    reply = self._remote_reply(self._submit_timing(text, self.run_timeout_s), self.run_timeout_s)
                 else:
                     self._timer.send(("time", text, False))
                     reply = self._timer.receive(self.run_timeout_s)
