@@ -23,6 +23,7 @@ from . import regtile
 from .c import CTYPE, ErrorSite, _Emitter, _top
 
 DIALECTS = ("cuda", "opencl")
+ERR_INTS = 4  # the error flags every kernel takes last: int32 code, pad, int64 value (see tc_fail)
 
 CUDA_PRELUDE = r"""// CUDA (NVRTC)
 #define KERNEL extern "C" __global__
@@ -108,9 +109,11 @@ DEVFN long tc_fmod(long n, long d) {
   if (d == -1) return 0;
   long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
 }
-/* A failed check records its code and value (the first one wins) and reads element 0 instead. */
+/* A failed check records its code and value (the first one wins) and reads element 0 instead.
+   The flags are four ints: the code, a pad, and the value as one 64-bit integer (an int64 gather
+   index out of range is reported whole). */
 DEVFN void tc_fail(GLOBAL int *err, long code, long v) {
-  if (TC_CAS(&err[0], 0, (int)code) == 0) err[1] = (int)v;
+  if (TC_CAS(&err[0], 0, (int)code) == 0) *(GLOBAL int64_t *)(err + 2) = (int64_t)v;
 }
 DEVFN long tc_chk(long v, long n, long code, GLOBAL int *err) {
   if ((unsigned long)v >= (unsigned long)n) { tc_fail(err, code, v); return 0; }

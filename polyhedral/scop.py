@@ -39,7 +39,7 @@ class Scop:
     writes: isl.UnionMap = field(compare=False)
     order: isl.UnionMap = field(compare=False)
     context: isl.Set = field(compare=False)
-    general: Scop | None = field(default=None, compare=False)  # the same model for every size
+    general: Scop | None = field(default=None, compare=False)  # the same model for every size >= 1
 
     def stmt(self, name: str) -> ScopStmt:
         return next(s for s in self.stmts if s.name == name)
@@ -65,8 +65,13 @@ def stmt_order(name: str) -> tuple[int, int]:
 
 def build_scop(inst: Instance, parametric: bool = False) -> Scop:
     """The model with the size symbols as isl parameters ``p_<size>``: fixed to the instance's sizes
-    (the default; ``general`` then holds the same model for every size, which the scheduler uses)
-    or free (``parametric=True``)."""
+    (the default; ``general`` then holds the same model for every size of at least 1, which the
+    scheduler uses) or free (``parametric=True``, sizes of at least 1).
+
+    A call with a zero size lies outside the general model (its context has every size >= 1, and
+    the fixed model built from it would lose every statement, the initialisations of the ``!``
+    forms too, whose domains need not be empty). Its fixed model is built over sizes >= 0 and has
+    no ``general``: it is scheduled on its own."""
     general = _build(inst)
     if parametric:
         return general
@@ -74,9 +79,10 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
     values = [f"p_{k} = {v}" for k, v in inst.sizes.items()]
     values += [f"{q} = {Sym.of(a).eval(inst.sizes)}" for a, q in qs.items()]
     fixed = isl.Set(_params(inst, qs) + "{ : " + (" and ".join(values) or "true") + " }")
-    return Scop(inst, False, general.stmts, general.arrays, general.domain.intersect_params(fixed),
-                general.reads.intersect_params(fixed), general.writes.intersect_params(fixed),
-                general.order.intersect_params(fixed), fixed, general)
+    whole = general if all(v >= 1 for v in inst.sizes.values()) else _build(inst, least=0)
+    return Scop(inst, False, whole.stmts, whole.arrays, whole.domain.intersect_params(fixed),
+                whole.reads.intersect_params(fixed), whole.writes.intersect_params(fixed),
+                whole.order.intersect_params(fixed), fixed, general if whole is general else None)
 
 
 def _params(inst: Instance, qs: dict[Atom, str]) -> str:
@@ -97,7 +103,8 @@ def _bound_params(inst: Instance) -> dict[Atom, str]:
     return atoms
 
 
-def _build(inst: Instance) -> Scop:
+def _build(inst: Instance, least: int = 1) -> Scop:
+    """The parametric model over every size ``>= least``."""
     c = inst.checked
     arrays = {t.name: f"t_{t.name}" for t in (*c.inputs, *c.outputs, *c.temps)}
     shapes = {t.name: t.dims for t in (*c.inputs, *c.outputs, *c.temps)}
@@ -159,7 +166,7 @@ def _build(inst: Instance) -> Scop:
             reads.append(f"{name}[{tup}] -> {arrays[acc.tensor]}[{', '.join(outs)}]{cond}")
         order.append(f"{name}[{tup}] -> [{_pad([str(s.number), '1', *(idx[i] for i in s.indices)], depth)}]")
     size_env = {k: Sym.var(f"p_{k}", "size") for k in c.sizes}
-    defs = [f"p_{k} >= 1" for k in c.sizes] + [f"{q} = {Sym.of(a).subs(size_env).isl()}" for a, q in qs.items()]
+    defs = [f"p_{k} >= {least}" for k in c.sizes] + [f"{q} = {Sym.of(a).subs(size_env).isl()}" for a, q in qs.items()]
     ctx_text = params + "{ : " + (" and ".join(defs) or "true") + " }"
     context = isl.Set(ctx_text)
     domain = _union_set(params, domains).intersect_params(context)

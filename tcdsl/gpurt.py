@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .codegen.gpu import ERR_INTS
 from .errors import TcArgumentError, TcCompileError
 from .instance import fully_written
 
@@ -95,7 +96,7 @@ class OpenCLKernel:
             flags = mf.READ_WRITE | (mf.COPY_HOST_PTR if a.nbytes and t.name not in self.unwritten_ok else 0)
             bufs[t.name] = cl.Buffer(ctx, flags, hostbuf=a if flags & mf.COPY_HOST_PTR else None,
                                      size=0 if flags & mf.COPY_HOST_PTR else max(a.nbytes, 1))
-        err = np.zeros(2, dtype=np.int32)
+        err = np.zeros(ERR_INTS, dtype=np.int32)
         err_buf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=err)
         args = [bufs[n] for n in self.low.source.params] + [err_buf]
         for kern, spec in self.kernels:
@@ -106,10 +107,7 @@ class OpenCLKernel:
                 cl.enqueue_copy(queue, host[t.name], bufs[t.name])
         cl.enqueue_copy(queue, err, err_buf)
         queue.finish()
-        if err[0]:
-            from .compiler import runtime_error
-
-            raise runtime_error(self.inst, self.low.source.errors, int(err[0]), int(err[1]))
+        _check_flags(self.inst, self.low, err)
         return {t.name: host[t.name].astype(t.dtype, copy=False) for t in c.outputs}
 
 
@@ -163,16 +161,21 @@ class CudaKernel:
             shape = self.inst.shapes[t.name]
             alloc = cp.empty if t.name in self.unwritten_ok else cp.zeros
             arrays[t.name] = alloc(shape, dtype=_device_dtype(t.dtype))
-        err = cp.zeros(2, dtype=cp.int32)
+        err = cp.zeros(ERR_INTS, dtype=cp.int32)
         args = [arrays[n] for n in self.low.source.params] + [err]
         for fn, spec in self.kernels:
             fn(spec.grid, spec.block, args)
-        code = err.get()
-        if code[0]:
-            from .compiler import runtime_error
-
-            raise runtime_error(self.inst, self.low.source.errors, int(code[0]), int(code[1]))
+        _check_flags(self.inst, self.low, err.get())
         return {t.name: arrays[t.name].astype(t.dtype, copy=False) for t in c.outputs}
+
+
+def _check_flags(inst: Any, low: Any, flags: np.ndarray) -> None:
+    """Raise the located error a kernel recorded in its flags (int32 code, pad, int64 value)."""
+    if flags[0]:
+        from .compiler import runtime_error
+
+        value = int(np.ascontiguousarray(flags[2:4]).view(np.int64)[0])
+        raise runtime_error(inst, low.source.errors, int(flags[0]), value)
 
 
 def _device_dtype(dtype: str) -> str:
