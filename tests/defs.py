@@ -6,8 +6,11 @@ Each entry of ``DEFS`` is a ``Case`` (a 5-tuple): ``(name, source, inputs, refer
   ``make_inputs``), a fixed ``np.ndarray`` (used as is), or a Python scalar (a rank-0 param).
 - ``reference(*arrays)`` is plain numpy; it returns one array or a tuple in the def's output
   declaration order, with exactly the dtypes TC's promotion rules give.
-- ``tol`` is ``0`` for exact comparison (integers, bools, selections, copies), otherwise both the
-  rtol and the atol of ``np.testing.assert_allclose``.
+- ``tol`` is ``0`` for exact comparison (integers, bools, selections, copies), otherwise the
+  number of terms K of the longest float sum (or product, or chain of roundings) behind one
+  output element for these inputs, 1 for plain elementwise math. Float outputs are compared
+  normwise by ``tolerance.assert_close``: within ``c * eps * K * max|want|`` plus a few eps of
+  each element, whatever order the backend sums in. Integer and bool outputs stay exact.
 
 The reference interpreter (``backend="numpy"``) is checked against these in
 ``tests/test_interp.py``; compiled backends reuse the same corpus (``make_inputs`` then
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
+from tolerance import assert_close
 
 
 class Arr(NamedTuple):
@@ -37,7 +41,7 @@ class Case(NamedTuple):
     source: str
     inputs: tuple[Any, ...]
     reference: Callable[..., Any]
-    tol: float
+    tol: int
 
 
 def make_inputs(spec: tuple[Any, ...], seed: int = 0) -> list[Any]:
@@ -60,13 +64,15 @@ def make_inputs(spec: tuple[Any, ...], seed: int = 0) -> list[Any]:
     return out
 
 
-def assert_matches(got: Any, want: Any, tol: float, what: str = "") -> None:
-    """``got`` has the structure, dtypes and shapes of ``want`` and its values within ``tol``."""
+def assert_matches(got: Any, want: Any, tol: int, what: str = "", scale: Any = None) -> None:
+    """``got`` has the structure, dtypes and shapes of ``want``; its values are equal (``tol == 0``)
+    or within the rounding error of a ``tol``-term float reduction (see ``tolerance.assert_close``;
+    ``scale`` is the magnitude of one term, by default the largest |want| of each output)."""
     if isinstance(want, tuple):
         assert isinstance(got, tuple), f"{what}: expected a tuple of {len(want)} outputs, got {type(got).__name__}"
         assert len(got) == len(want), f"{what}: expected {len(want)} outputs, got {len(got)}"
         for k, (g, w) in enumerate(zip(got, want)):
-            assert_matches(g, w, tol, f"{what}[{k}]")
+            assert_matches(g, w, tol, f"{what}[{k}]", scale)
         return
     want = np.asarray(want)
     assert isinstance(got, np.ndarray), f"{what}: expected an ndarray, got {type(got).__name__}"
@@ -75,8 +81,7 @@ def assert_matches(got: Any, want: Any, tol: float, what: str = "") -> None:
     if tol == 0:
         np.testing.assert_array_equal(got, want, err_msg=what)
     else:
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol,
-                                   err_msg=what)
+        assert_close(got, want, terms=tol, scale=scale, err_msg=what)
 
 
 # ---- reference helpers -----------------------------------------------------------------------------
@@ -229,38 +234,38 @@ DEFS: list[Case] = [
          "    C(m, n) +=! A(m, r_k) * B(r_k, n)\n"
          "}",
          (Arr("float32", (5, 7)), Arr("float32", (7, 4))),
-         lambda A, B: _f(A.astype(f64) @ B), 1e-5),
+         lambda A, B: _f(A.astype(f64) @ B), 7),
     Case("matmul_tn",
          "def matmul_tn(float(K, M) A, float(K, N) B) -> (C) { C(m, n) +=! A(k, m) * B(k, n) }",
          (Arr("float32", (6, 3)), Arr("float32", (6, 5))),
-         lambda A, B: _f(A.T.astype(f64) @ B), 1e-5),
+         lambda A, B: _f(A.T.astype(f64) @ B), 6),
     Case("matmul_nt_2",
          "def matmul_nt(float(M, K) A, float(N, K) B) -> (C) { C(m, n) +=! A(m, k) * B(n, k) * 2.0 }",
          (Arr("float32", (4, 9)), Arr("float32", (3, 9))),
-         lambda A, B: _f(2 * (A.astype(f64) @ B.T)), 1e-5),
+         lambda A, B: _f(2 * (A.astype(f64) @ B.T)), 9),
     Case("batch_matmul",
          "def bmm(float(Bt, M, K) X, float(Bt, K, N) Y) -> (Z) { Z(b, m, n) +=! X(b, m, k) * Y(b, k, n) }",
          (Arr("float32", (3, 4, 5)), Arr("float32", (3, 5, 2))),
-         lambda X, Y: _f(X.astype(f64) @ Y), 1e-5),
+         lambda X, Y: _f(X.astype(f64) @ Y), 5),
     Case("gemm_alpha_beta",
          "def gemm(float alpha, float beta, float(M, K) A, float(K, N) B, float(M, N) C0) -> (C) {\n"
          "    C(i, j) = beta * C0(i, j)\n"
          "    C(i, j) += alpha * A(i, k) * B(k, j)\n"
          "}",
          (1.5, -0.5, Arr("float32", (4, 6)), Arr("float32", (6, 3)), Arr("float32", (4, 3))),
-         lambda al, be, A, B, C0: _f(be * C0.astype(f64) + al * (A.astype(f64) @ B)), 1e-5),
+         lambda al, be, A, B, C0: _f(be * C0.astype(f64) + al * (A.astype(f64) @ B)), 7),
     Case("matvec",
          "def matvec(float(M, K) A, float(K) x) -> (y) { y(i) +=! A(i, k) * x(k) }",
          (Arr("float32", (6, 8)), Arr("float32", (8,))),
-         lambda A, x: _f(A.astype(f64) @ x), 1e-5),
+         lambda A, x: _f(A.astype(f64) @ x), 8),
     Case("outer",
          "def outer(float(M) a, float(N) b) -> (O) { O(i, j) = a(i) * b(j) }",
          (Arr("float32", (5,)), Arr("float32", (3,))),
-         lambda a, b: np.outer(a, b), 1e-6),
+         lambda a, b: np.outer(a, b), 1),
     Case("dot_rank0",
          "def dot(float(N) a, float(N) b) -> (s) { s +=! a(r) * b(r) }",
          (Arr("float32", (17,)), Arr("float32", (17,))),
-         lambda a, b: _f(np.dot(a.astype(f64), b)), 1e-5),
+         lambda a, b: _f(np.dot(a.astype(f64), b)), 17),
     Case("reduce_rows",
          "def reduce_rows(float(M, N) A) -> (S, P, Mn, Mx) {\n"
          "    S(i) +=! A(i, j)\n"
@@ -269,7 +274,7 @@ DEFS: list[Case] = [
          "    Mx(i) max=! A(i, j)\n"
          "}",
          (Arr("float32", (4, 6), 0.5, 1.5),),
-         lambda A: (_f(A.astype(f64).sum(1)), _f(A.astype(f64).prod(1)), A.min(1), A.max(1)), 1e-5),
+         lambda A: (_f(A.astype(f64).sum(1)), _f(A.astype(f64).prod(1)), A.min(1), A.max(1)), 6),
     Case("reduce_all",
          "def reduce_all(float(M, N) A) -> (S, P, Mn, Mx) {\n"
          "    S +=! A(i, j)\n"
@@ -278,7 +283,7 @@ DEFS: list[Case] = [
          "    Mx max=! A(i, j)\n"
          "}",
          (Arr("float32", (3, 5), 0.5, 1.5),),
-         lambda A: (_f(A.astype(f64).sum()), _f(A.astype(f64).prod()), A.min(), A.max()), 1e-5),
+         lambda A: (_f(A.astype(f64).sum()), _f(A.astype(f64).prod()), A.min(), A.max()), 15),
     Case("reduce_cols_int",
          "def reduce_int(int32(M, N) A) -> (S, Mn, Mx, Top, Bottom) {\n"
          "    S(i) +=! A(i, j)\n"
@@ -302,50 +307,50 @@ DEFS: list[Case] = [
          "}",
          (Arr("float32", (4, 5), 0.5, 1.5), Arr("float32", (4,), 0.0, 3.0)),
          lambda A, B: (_f(B.astype(f64) + A.astype(f64).sum(1)), np.maximum(B, A.max(1)),
-                       np.minimum(f32(0), A.min(1)), _f(2 * A.astype(f64).prod(1))), 1e-5),
+                       np.minimum(f32(0), A.min(1)), _f(2 * A.astype(f64).prod(1))), 6),
     Case("conv2d_valid",
          "def conv2d(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {\n"
          "    O(n, f, h, w) +=! I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)\n"
          "}",
          (Arr("float32", (2, 3, 7, 6)), Arr("float32", (4, 3, 3, 2))),
-         lambda I, W: _conv(I, W), 1e-5),
+         lambda I, W: _conv(I, W), 18),
     Case("conv2d_bias",
          "def conv_bias(float(N, C, H, W) I, float(F, C, KH, KW) Wt, float(F) Bias) -> (O) {\n"
          "    O(n, f, h, w) = Bias(f) where n in 0:N, h in 0:H - KH + 1, w in 0:W - KW + 1\n"
          "    O(n, f, h, w) += I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)\n"
          "}",
          (Arr("float32", (1, 2, 6, 5)), Arr("float32", (3, 2, 2, 3)), Arr("float32", (3,))),
-         lambda I, W, b: _f(_conv(I, W).astype(f64) + b[None, :, None, None]), 1e-5),
+         lambda I, W, b: _f(_conv(I, W).astype(f64) + b[None, :, None, None]), 13),
     Case("conv2d_strided",
          "def conv_s2(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {\n"
          "    O(n, f, h, w) +=! I(n, c, 2*h + kh, 2*w + kw) * Wt(f, c, kh, kw)\n"
          "}",
          (Arr("float32", (2, 2, 9, 8)), Arr("float32", (3, 2, 3, 3))),
-         lambda I, W: _conv(I, W, stride=2), 1e-5),
+         lambda I, W: _conv(I, W, stride=2), 18),
     Case("conv2d_dilated",
          "def conv_d2(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {\n"
          "    O(n, f, h, w) +=! I(n, c, h + 2*kh, w + 2*kw) * Wt(f, c, kh, kw)\n"
          "}",
          (Arr("float32", (1, 2, 8, 9)), Arr("float32", (2, 2, 3, 2))),
-         lambda I, W: _conv(I, W, dil=2), 1e-5),
+         lambda I, W: _conv(I, W, dil=2), 12),
     Case("conv2d_group",
          "def group_conv(float(N, G, C, H, W) I, float(G, F, C, KH, KW) Wt) -> (O) {\n"
          "    O(n, g, f, h, w) +=! I(n, g, c, h + kh, w + kw) * Wt(g, f, c, kh, kw)\n"
          "}",
          (Arr("float32", (2, 3, 2, 5, 6)), Arr("float32", (3, 4, 2, 2, 3))),
-         _group_conv, 1e-5),
+         _group_conv, 12),
     Case("conv2d_depthwise",
          "def depthwise(float(N, C, H, W) I, float(C, KH, KW) Wt) -> (O) {\n"
          "    O(n, c, h, w) +=! I(n, c, h + kh, w + kw) * Wt(c, kh, kw)\n"
          "}",
          (Arr("float32", (2, 4, 6, 7)), Arr("float32", (4, 3, 3))),
-         _depthwise, 1e-5),
+         _depthwise, 9),
     Case("conv2d_same",
          "def conv_same(float(N, C, H, W) I, float(F, C, 3, 3) Wt) -> (O) {\n"
          "    O(n, f, h, w) +=! I(n, c, h + kh - 1, w + kw - 1) * Wt(f, c, kh, kw) where h in 0:H, w in 0:W\n"
          "}",
          (Arr("float32", (2, 3, 6, 5)), Arr("float32", (2, 3, 3, 3))),
-         lambda I, W: _conv(np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1))), W), 1e-5),
+         lambda I, W: _conv(np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1))), W), 27),
     Case("maxpool_2x2_s2",
          "def maxpool(float(N, C, H, W) I) -> (O) {\n"
          "    O(n, c, h, w) max=! I(n, c, 2*h + kh, 2*w + kw) where kh in 0:2, kw in 0:2\n"
@@ -357,7 +362,7 @@ DEFS: list[Case] = [
          "    O(n, c, h, w) +=! I(n, c, h + kh, w + kw) / 9.0 where kh in 0:3, kw in 0:3\n"
          "}",
          (Arr("float32", (1, 2, 6, 5)),),
-         lambda I: _pool(I, 3, 1, np.mean), 1e-5),
+         lambda I: _pool(I, 3, 1, np.mean), 9),
     Case("softmax",
          "def softmax(float(N, D) X) -> (Y) {\n"
          "    mx(n) max=! X(n, d)\n"
@@ -366,7 +371,7 @@ DEFS: list[Case] = [
          "    Y(n, d) = e(n, d) / s(n)\n"
          "}",
          (Arr("float32", (4, 10), -5.0, 5.0),),
-         _softmax, 1e-5),
+         _softmax, 10),
     Case("layernorm",
          "def layernorm(float(N, D) X, float(D) G, float(D) Bt) -> (Y) {\n"
          "    mean(n) +=! X(n, d) / D\n"
@@ -375,7 +380,7 @@ DEFS: list[Case] = [
          "    Y(n, d) = xc(n, d) * rsqrt(var(n) + 1e-5) * G(d) + Bt(d)\n"
          "}",
          (Arr("float32", (3, 16), -2.0, 2.0), Arr("float32", (16,)), Arr("float32", (16,))),
-         _layernorm, 1e-4),
+         _layernorm, 16),
     Case("batchnorm",
          "def batchnorm(float(N, C, H, W) X, float(C) G, float(C) Bt) -> (Y) {\n"
          "    mean(c) +=! X(n, c, h, w)\n"
@@ -384,7 +389,7 @@ DEFS: list[Case] = [
          "    Y(n, c, h, w) = (X(n, c, h, w) - mean(c)) * rsqrt(var(c) / float(N * H * W) + 1e-5) * G(c) + Bt(c)\n"
          "}",
          (Arr("float32", (2, 3, 4, 5), -2.0, 2.0), Arr("float32", (3,)), Arr("float32", (3,))),
-         _batchnorm, 1e-4),
+         _batchnorm, 40),
     Case("elementwise_math",
          "def ew(float(N) A, float(N) B, float(N) C)\n"
          "        -> (Relu, Sig, Th, Er, Ab, Fa, Pw, At, Fm, Fmn, Fmx, MnMx, Esl) {\n"
@@ -403,7 +408,7 @@ DEFS: list[Case] = [
          "    Esl(i) = exp(A(i)) + sqrt(C(i)) + log(C(i))\n"
          "}",
          (Arr("float32", (40,), -4.0, 4.0), Arr("float32", (40,), -3.0, 3.0), Arr("float32", (40,), 0.1, 3.0)),
-         _elementwise, 1e-5),
+         _elementwise, 3),
     Case("round_half_away",
          "def rnd(float(N) A) -> (R, Fl, Ce, Tr) {\n"
          "    R(i) = round(A(i))\n"
@@ -470,11 +475,11 @@ DEFS: list[Case] = [
          (Arr("int32", (12,), -50, 50), Arr("uint8", (12,), 0, 256), Arr("int8", (12,), -128, 128),
           Arr("int64", (12,), -(1 << 40), 1 << 40), Arr("float64", (12,)), Arr("float16", (12,), -4.0, 4.0),
           Arr("bool", (12,)), Arr("float32", (12,))),
-         _promotion, 1e-6),
+         _promotion, 2),
     Case("scalar_param",
          "def axpy(float alpha, float(N) X, float(N) Y) -> (Z) { Z(i) = alpha * X(i) + Y(i) }",
          (0.75, Arr("float32", (9,)), Arr("float32", (9,))),
-         lambda a, X, Y: f32(a) * X + Y, 1e-6),
+         lambda a, X, Y: f32(a) * X + Y, 2),
     Case("sizes_as_values",
          "def sizes(float(N) A, float(M) B) -> (O, P) {\n"
          "    O(i) = A(i) * N\n"
@@ -488,7 +493,7 @@ DEFS: list[Case] = [
          "    T(i, j) +=! A(i, k) * B(k, j)\n"
          "}",
          (Arr("float32", (3, 6)), Arr("float32", (6, 2))),
-         lambda A, B: (_f(A.astype(f64).sum(0)), _f(A.astype(f64) @ B)), 1e-5),
+         lambda A, B: (_f(A.astype(f64).sum(0)), _f(A.astype(f64) @ B)), 6),
     Case("affine_subscripts",
          "def affine(float(N) A) -> (Rev, Sub, Up, Diff) {\n"
          "    Rev(i) = A(N - 1 - i)\n"
@@ -505,7 +510,7 @@ DEFS: list[Case] = [
     Case("where_let",
          "def let(float(N) A) -> (O) { O(i) = s * s + s where s = A(i) * 2.0 }",
          (Arr("float32", (11,)),),
-         lambda A: (A * f32(2)) * (A * f32(2)) + A * f32(2), 1e-6),
+         lambda A: (A * f32(2)) * (A * f32(2)) + A * f32(2), 2),
     Case("where_exists",
          "def ex(float(N) A) -> (Ones, Head) {\n"
          "    Ones(i) = 1.0 where exists A(i)\n"
@@ -520,7 +525,7 @@ DEFS: list[Case] = [
     Case("embedding_bag",
          "def bag(float(V, D) Tab, int64(B, L) Idx) -> (O) { O(b, d) +=! Tab(Idx(b, r_l), d) }",
          (Arr("float32", (10, 4)), Arr("int64", (3, 5), 0, 10)),
-         lambda T, I: _f(T.astype(f64)[I].sum(1)), 1e-5),
+         lambda T, I: _f(T.astype(f64)[I].sum(1)), 5),
     Case("gather_of_gather",
          "def gg(float(N) A, int32(P) Pm, int32(Q) Qi) -> (O) { O(i) = A(Pm(Qi(i))) }",
          (Arr("float32", (9,)), Arr("int32", (6,), 0, 9), Arr("int32", (8,), 0, 6)),
@@ -528,7 +533,7 @@ DEFS: list[Case] = [
     Case("gather_in_let",
          "def gl(float(V, D) Tab, int32(B) Idx) -> (O) { O(b, d) = v * v - v where v = Tab(Idx(b), d) }",
          (Arr("float32", (8, 3)), Arr("int32", (5,), 0, 8)),
-         lambda T, I: T[I] * T[I] - T[I], 1e-6),
+         lambda T, I: T[I] * T[I] - T[I], 2),
     Case("stack_concat",
          "def cat(float(N) A, float(N) B) -> (S, C) {\n"
          "    S(s, i) = s == 0 ? A(i) : B(i) where s in 0:2\n"
@@ -550,7 +555,7 @@ DEFS: list[Case] = [
          "    O(i) = t3(i) - t1(i)\n"
          "}",
          (Arr("float32", (13,)),),
-         lambda A: _f(np.exp(A.astype(f64) * 2 + 1) - A.astype(f64) * 2), 1e-5),
+         lambda A: _f(np.exp(A.astype(f64) * 2 + 1) - A.astype(f64) * 2), 2),
     Case("three_outputs_decl_order",
          "def three(float(N) A) -> (Z, X, Y) {\n"
          "    X(i) = A(i) + 1.0\n"
@@ -558,7 +563,7 @@ DEFS: list[Case] = [
          "    Z +=! Y(i)\n"
          "}",
          (Arr("float32", (6,)),),
-         lambda A: (_f(((A.astype(f64) + 1) * 2).sum()), A + f32(1), (A + f32(1)) * f32(2)), 1e-5),
+         lambda A: (_f(((A.astype(f64) + 1) * 2).sum()), A + f32(1), (A + f32(1)) * f32(2)), 6),
     Case("transposes",
          "def tr(float(M, N) A, float(B, C, H, W) I) -> (T, O) {\n"
          "    T(j, i) = A(i, j)\n"
@@ -572,7 +577,7 @@ DEFS: list[Case] = [
          "    D(i) = A(i, i)\n"
          "}",
          (Arr("float32", (5, 5)),),
-         lambda A: (_f(np.trace(A.astype(f64))), np.diag(A).copy()), 1e-6),
+         lambda A: (_f(np.trace(A.astype(f64))), np.diag(A).copy()), 5),
     Case("tril_mask",
          "def tril(float(N, N) A) -> (L) { L(i, j) = j <= i ? A(i, j) : 0.0 }",
          (Arr("float32", (4, 4)),),
@@ -586,14 +591,14 @@ DEFS: list[Case] = [
          (Arr("float32", (7,), 0.5, 2.0), Arr("float32", (3,))),
          lambda A, K: (_f(sum(np.pad(A.astype(f64), 1)[k:k + 7] * K[k] for k in range(3))),
                        _f(np.prod([np.pad(A.astype(f64), 1, constant_values=1)[k:k + 7] for k in range(3)], axis=0)),
-                       np.max([np.pad(A, 1, constant_values=-np.inf)[k:k + 7:2] for k in range(3)], axis=0)), 1e-5),
+                       np.max([np.pad(A, 1, constant_values=-np.inf)[k:k + 7:2] for k in range(3)], axis=0)), 3),
     Case("reduction_subranges",
          "def sub(float(M, K) A) -> (Tail, Padded) {\n"
          "    Tail(i) +=! A(i, k) where k in 1:K\n"
          "    Padded(i) +=! A(i, k) where k in 0:K + 2\n"
          "}",
          (Arr("float32", (3, 5)),),
-         lambda A: (_f(A[:, 1:].astype(f64).sum(1)), _f(A.astype(f64).sum(1))), 1e-5),
+         lambda A: (_f(A[:, 1:].astype(f64).sum(1)), _f(A.astype(f64).sum(1))), 7),
     Case("floor_subscripts",
          "def fs(float(N) A) -> (Dv, Md, Ix) {\n"
          "    Dv(i) = A((i - 3) / 2 + 2) where i in 0:6\n"
@@ -611,11 +616,11 @@ DEFS: list[Case] = [
          "}",
          (Arr("float32", (6, 3)), Arr("float32", (3,)), -1.5),
          lambda A, B, al: (_f(A[::-1].astype(f64) @ B), _f(al * np.repeat(A.astype(f64) @ B, 2)),
-                           _f(np.array([A[i:i + 3, 0].astype(f64) @ B for i in range(4)]))), 1e-5),
+                           _f(np.array([A[i:i + 3, 0].astype(f64) @ B for i in range(4)]))), 3),
     Case("let_in_reduction",
          "def lr(float(M, K) A) -> (S) { S(i) +=! v * v where v = A(i, k) - 0.5 }",
          (Arr("float32", (3, 7)),),
-         lambda A: _f(((A.astype(f64) - 0.5) ** 2).sum(1)), 1e-5),
+         lambda A: _f(((A.astype(f64) - 0.5) ** 2).sum(1)), 7),
     Case("bool_uint8_reductions",
          "def br(bool(M, N) Bo, uint8(M, N) U) -> (Any, All, Mn, P, Cnt) {\n"
          "    Any(i) max=! Bo(i, j)\n"
