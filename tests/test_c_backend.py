@@ -36,9 +36,11 @@ from tcdsl.polyhedral.scop import build_scop
 
 try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
     from defs import DEFS, Arr, Case, assert_matches, make_inputs
+    from tolerance import assert_close, assert_sum_close
 except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, Arr, Case, assert_matches, make_inputs
+    from tolerance import assert_close, assert_sum_close
 
 CASES = {c.name: c for c in DEFS}
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +116,7 @@ def test_default_backend_is_c_when_a_compiler_exists():
     A, B = f32((5, 3)), f32((3, 4), 1)
     C = k(A, B)  # no backend: the default
     assert k.compile_count == 1
-    np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(C, np.matmul, A, B, terms=3)
 
 
 # ---- 2. schedule invariance: any MappingOptions gives the interpreter's numbers ----------------------
@@ -131,29 +133,29 @@ def _chain3_ref(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (t1 / t1.sum(1, keepdims=True)).T.astype(np.float32)
 
 
-# name -> (source, odd-size inputs, numpy reference, tol, deepest statement's index count)
-INVARIANCE: dict[str, tuple[str, tuple[Any, ...], Any, float, int]] = {
+# name -> (source, odd-size inputs, numpy reference, terms (0: exact), deepest statement's index count)
+INVARIANCE: dict[str, tuple[str, tuple[Any, ...], Any, int, int]] = {
     "matmul": (CASES["matmul"].source, (Arr("float32", (13, 7)), Arr("float32", (7, 33))),
-               CASES["matmul"].reference, 1e-5, 3),
+               CASES["matmul"].reference, 7, 3),
     "conv2d": (CASES["conv2d_valid"].source, (Arr("float32", (1, 3, 7, 13)), Arr("float32", (2, 3, 3, 2))),
-               CASES["conv2d_valid"].reference, 1e-5, 7),
-    "softmax": (CASES["softmax"].source, (Arr("float32", (7, 33), -5.0, 5.0),), CASES["softmax"].reference, 1e-5, 2),
+               CASES["conv2d_valid"].reference, 18, 7),
+    "softmax": (CASES["softmax"].source, (Arr("float32", (7, 33), -5.0, 5.0),), CASES["softmax"].reference, 33, 2),
     "layernorm": (CASES["layernorm"].source,
                   (Arr("float32", (7, 13), -2.0, 2.0), Arr("float32", (13,)), Arr("float32", (13,))),
-                  CASES["layernorm"].reference, 1e-4, 2),
+                  CASES["layernorm"].reference, 13, 2),
     "transposes": (CASES["transposes"].source, (Arr("float32", (7, 13)), Arr("float32", (1, 3, 7, 5))),
                    CASES["transposes"].reference, 0, 4),
     "embedding": (CASES["embedding"].source, (Arr("float32", (13, 7)), Arr("int32", (33,), 0, 13)),
                   CASES["embedding"].reference, 0, 2),
     "conv2d_same": (CASES["conv2d_same"].source, (Arr("float32", (1, 2, 7, 13)), Arr("float32", (3, 2, 3, 3))),
-                    CASES["conv2d_same"].reference, 1e-5, 7),
-    "chain3": (CHAIN3, (Arr("float32", (7, 13), 0.5, 1.5), Arr("float32", (13,), 0.5, 1.5)), _chain3_ref, 1e-5, 2),
+                    CASES["conv2d_same"].reference, 27, 7),
+    "chain3": (CHAIN3, (Arr("float32", (7, 13), 0.5, 1.5), Arr("float32", (13,), 0.5, 1.5)), _chain3_ref, 13, 2),
     "reduce_all": (CASES["reduce_all"].source, (Arr("float32", (7, 13), 0.8, 1.2),),
-                   CASES["reduce_all"].reference, 1e-5, 2),
+                   CASES["reduce_all"].reference, 91, 2),
     "dot_rank0": (CASES["dot_rank0"].source, (Arr("float32", (33,)), Arr("float32", (33,))),
-                  CASES["dot_rank0"].reference, 1e-5, 1),
+                  CASES["dot_rank0"].reference, 33, 1),
     "bmm": (CASES["batch_matmul"].source, (Arr("float32", (3, 7, 13)), Arr("float32", (3, 13, 5))),
-            CASES["batch_matmul"].reference, 1e-5, 4),
+            CASES["batch_matmul"].reference, 13, 4),
 }
 
 _SETUP: dict[str, tuple[Any, list[Any], Any]] = {}
@@ -246,15 +248,16 @@ def test_short_circuit_logic_under_register_tiles(rt: tuple[int, ...] | None, ve
 
 # Sizes over the default tile size (32), so the default heuristics tile, register-tile and keep
 # accumulators in locals; every fusion strategy and one explicit cache + register tiling.
-BIG = {
-    "matmul": (Arr("float32", (67, 45)), Arr("float32", (45, 70))),
-    "batch_matmul": (Arr("float32", (3, 37, 41)), Arr("float32", (3, 41, 34))),
-    "matvec": (Arr("float32", (67, 100)), Arr("float32", (100,))),
-    "conv2d_same": (Arr("float32", (1, 3, 35, 40)), Arr("float32", (5, 3, 3, 3))),
-    "reduce_cols_int": (Arr("int32", (45, 67), -1000, 1000),),
-    "softmax": (Arr("float32", (40, 70), -5.0, 5.0),),
-    "embedding_bag": (Arr("float32", (50, 40)), Arr("int64", (33, 37), 0, 50)),
-    "reduce_after_init": (Arr("float32", (40, 37), 0.9, 1.1), Arr("float32", (40,), 0.0, 3.0)),
+# name -> (inputs, terms of the longest reduction at these sizes; 0: exact)
+BIG: dict[str, tuple[tuple[Any, ...], int]] = {
+    "matmul": ((Arr("float32", (67, 45)), Arr("float32", (45, 70))), 45),
+    "batch_matmul": ((Arr("float32", (3, 37, 41)), Arr("float32", (3, 41, 34))), 41),
+    "matvec": ((Arr("float32", (67, 100)), Arr("float32", (100,))), 100),
+    "conv2d_same": ((Arr("float32", (1, 3, 35, 40)), Arr("float32", (5, 3, 3, 3))), 27),
+    "reduce_cols_int": ((Arr("int32", (45, 67), -1000, 1000),), 0),
+    "softmax": ((Arr("float32", (40, 70), -5.0, 5.0),), 70),
+    "embedding_bag": ((Arr("float32", (50, 40)), Arr("int64", (33, 37), 0, 50)), 37),
+    "reduce_after_init": ((Arr("float32", (40, 37), 0.9, 1.1), Arr("float32", (40,), 0.0, 3.0)), 38),
 }
 
 
@@ -263,9 +266,9 @@ BIG = {
 def test_big_sizes_default_and_tiled_options(name: str):
     case = CASES[name]
     k = tc.define(case.source)
-    args = make_inputs(BIG[name], seed=4)
+    spec, tol = BIG[name]
+    args = make_inputs(spec, seed=4)
     want = case.reference(*args)
-    tol = max(case.tol, 1e-4) if case.tol else 0
     assert_matches(k(*args, backend="numpy"), want, tol, f"{name}: interpreter")
     for opts in (MappingOptions(), *(MappingOptions(fusion=f) for f in FUSION if f != "preserve"),
                  MappingOptions(tile=(16, 16, 16), register_tile=(4, 8))):
@@ -285,7 +288,7 @@ def test_unroll_with_vectorize_compiles(unroll: int, vectorize: bool):
     mm = tc.define(MATMUL)
     A, B = f32((7, 3)), f32((3, 4), 1)
     got = mm(A, B, backend="c", options=MappingOptions(unroll=unroll, vectorize=vectorize))
-    np.testing.assert_allclose(got, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(got, np.matmul, A, B, terms=3)
 
 
 # ---- 3. legality ---------------------------------------------------------------------------------
@@ -402,7 +405,7 @@ def test_scheduler_past_the_timeout_falls_back_to_the_program_order(monkeypatch:
     A, B = f32((5, 7)), f32((7, 3), seed=1)
     with pytest.warns(tc.TcWarning, match="did not finish within 0.5 s on def 'matmul'"):
         got = k(A, B, backend="c")
-    np.testing.assert_allclose(got, A @ B, rtol=1e-5)
+    assert_sum_close(got, np.matmul, A, B, terms=7)
 
 
 @pytest.mark.cpu
@@ -417,7 +420,9 @@ def test_reduction_over_mixed_strides_compiles_within_the_limit(monkeypatch: pyt
         warnings.simplefilter("ignore", tc.TcWarning)
         got = k(A, B, C, backend="c")
     assert time.perf_counter() - t0 < 15
-    np.testing.assert_allclose(got, k(A, B, C, backend="numpy"), rtol=1e-5)
+    terms = len(A) * len(B) * len(C)  # at most one term per point of the (i, k, j) box
+    assert_close(got, k(A, B, C, backend="numpy"), terms=terms,
+                 scale=float(np.abs(A).max() * np.abs(B).max() * np.abs(C).max()))
 
 # ---- 4. caches -------------------------------------------------------------------------------------
 
@@ -426,17 +431,16 @@ def test_reduction_over_mixed_strides_compiles_within_the_limit(monkeypatch: pyt
 def test_ten_calls_compile_once_and_new_strides_compile_again(fresh_cache: Path):
     k = tc.define(MATMUL)
     A, B = f32((13, 7)), f32((7, 5), 1)
-    want = A.astype(np.float64) @ B
     before = toolchain.BUILDS
     for _ in range(10):
-        np.testing.assert_allclose(k(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+        assert_sum_close(k(A, B, backend="c"), np.matmul, A, B, terms=7)
     assert k.compile_count == 1
     assert toolchain.BUILDS - before <= 1
     assert len(list((fresh_cache / "c").glob("tc_matmul-*.so"))) == 1
     # the same shapes as a transposed view: other strides, another compile, right numbers
     At = np.ascontiguousarray(A.T).T
     assert At.shape == A.shape and At.strides != A.strides
-    np.testing.assert_allclose(k(At, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(At, B, backend="c"), np.matmul, A, B, terms=7)
     assert k.compile_count == 2
     for _ in range(3):
         k(A, B, backend="c")
@@ -462,9 +466,8 @@ def test_strided_input_views(view: str):
     else:
         A = np.asfortranarray(base[:13, :7])
     assert A.shape == (13, 7)
-    want = A.astype(np.float64) @ B.astype(np.float64)
-    np.testing.assert_allclose(k(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(k(A, B, backend="numpy"), want, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(A, B, backend="c"), np.matmul, A, B, terms=7)
+    assert_sum_close(k(A, B, backend="numpy"), np.matmul, A, B, terms=7)
 
 
 @pytest.mark.cpu
@@ -477,12 +480,12 @@ def test_new_dtype_of_a_short_form_kernel_compiles_again(fresh_cache: Path):
     before = toolchain.BUILDS
     C32 = mm(A32, B32)
     assert C32.dtype == np.float32
-    np.testing.assert_allclose(C32, A32.astype(np.float64) @ B32, rtol=1e-5, atol=1e-6)
+    assert_sum_close(C32, np.matmul, A32, B32, terms=3)
     assert toolchain.BUILDS - before == 1
     A64, B64 = A32.astype(np.float64) / 3, B32.astype(np.float64) / 7
     C64 = mm(A64, B64)
     assert C64.dtype == np.float64
-    np.testing.assert_allclose(C64, A64 @ B64, rtol=1e-13, atol=1e-15)
+    assert_sum_close(C64, np.matmul, A64, B64, terms=3)  # float64's eps
     assert toolchain.BUILDS - before == 2
     k32, k64 = mm.kernel(A32, B32), mm.kernel(A64, B64)
     assert k32 is not k64
@@ -494,19 +497,18 @@ def test_new_dtype_of_a_short_form_kernel_compiles_again(fresh_cache: Path):
 def test_fresh_kernel_hits_the_disk_cache_and_force_recompile_builds(fresh_cache: Path,
                                                                      monkeypatch: pytest.MonkeyPatch):
     A, B = f32((6, 4)), f32((4, 3), 1)
-    want = A.astype(np.float64) @ B
     k1 = tc.define(MATMUL)
     before = toolchain.BUILDS
-    np.testing.assert_allclose(k1(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k1(A, B, backend="c"), np.matmul, A, B, terms=4)
     assert toolchain.BUILDS - before == 1
     k2 = tc.define(MATMUL)  # a new Kernel object, same def, same cache dir: an on-disk hit
-    np.testing.assert_allclose(k2(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k2(A, B, backend="c"), np.matmul, A, B, terms=4)
     assert k2.compile_count == 1  # an in-memory miss...
     assert toolchain.BUILDS - before == 1  # ...that does not run the compiler
     assert k1.compiled(A, B).path == k2.compiled(A, B).path
     monkeypatch.setenv("TCDSL_FORCE_RECOMPILE", "1")
     k3 = tc.define(MATMUL)
-    np.testing.assert_allclose(k3(A, B, backend="c"), want, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k3(A, B, backend="c"), np.matmul, A, B, terms=4)
     assert toolchain.BUILDS - before == 2
     so = list((fresh_cache / "c").glob("tc_matmul-*.so"))
     assert len(so) == 1
@@ -517,12 +519,11 @@ def test_fresh_kernel_hits_the_disk_cache_and_force_recompile_builds(fresh_cache
 def test_other_options_compile_again_same_options_do_not():
     k = tc.define(MATMUL)
     A, B = f32((9, 7)), f32((7, 11), 1)
-    want = A.astype(np.float64) @ B
     o1 = MappingOptions(tile=(4, 4, 4))
     o2 = MappingOptions(tile=(4, 4, 4), openmp=False)
     for _ in range(3):
         for o in (o1, o2, MappingOptions(tile=(4, 4, 4))):
-            np.testing.assert_allclose(k(A, B, backend="c", options=o), want, rtol=1e-5, atol=1e-6)
+            assert_sum_close(k(A, B, backend="c", options=o), np.matmul, A, B, terms=7)
     assert k.compile_count == 2
 
 
@@ -543,7 +544,8 @@ CHILD = textwrap.dedent("""
         time.sleep(0.005)
     C = k(A, B, backend="c")
     want = A.astype(np.float64) @ B + 7
-    np.testing.assert_allclose(C, want, rtol=1e-5)
+    # 7 terms A*B + 1, all >= 0: the sum of |terms| is want itself, so 8 eps per term is relative
+    np.testing.assert_allclose(C, want, rtol=8 * 7 * float(np.finfo(np.float32).eps), atol=0)
     print("OK", k.compile_count, k.compiled(A, B).path)
 """)
 
@@ -619,7 +621,7 @@ def test_compiler_failure_raises_with_stderr_and_kept_source(tmp_path: Path, fre
     else:
         monkeypatch.setenv("CC", ORIGINAL_CC)
     A, B = f32((3, 2)), f32((2, 4), 1)
-    np.testing.assert_allclose(k(A, B, backend="c"), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(A, B, backend="c"), np.matmul, A, B, terms=2)
     assert k.compile_count == 1
 
 
@@ -661,17 +663,19 @@ GENERATED_NAMES_DEF = """def tc_kernel(float(c0, x0) t1, float(x0, acc) t0, floa
 KEYWORDS = ("for", "static", "main", "int", "restrict", "return", "void", "long", "char", "if", "while", "do")
 
 
+def _check_keyword_outputs(O: np.ndarray, V: np.ndarray, A: np.ndarray, B: np.ndarray, R: np.ndarray) -> None:
+    """O = A @ B (5 terms) and V(i) = O(i, 0) + R(2) * i (6 terms), within their rounding."""
+    assert_sum_close(O, np.matmul, A, B, terms=5)
+    assert_sum_close(V, lambda A, B, R: (A @ B)[:, 0] + R[2] * np.arange(7), A, B, R, terms=6)
+
+
 @pytest.mark.cpu
 def test_c_keywords_are_tc_names_and_never_reach_c():
     k = tc.define(KEYWORD_DEF)
     A, B, R = f32((7, 5)), f32((5, 3), 1), f32((3,), 2)
     O, V = k(A, B, R, backend="c")
-    O_want = A.astype(np.float64) @ B
-    np.testing.assert_allclose(O, O_want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(V, O_want[:, 0] + R[2] * np.arange(7), rtol=1e-5, atol=1e-6)
-    On, Vn = k(A, B, R, backend="numpy")
-    np.testing.assert_allclose(O, On, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(V, Vn, rtol=1e-5, atol=1e-6)
+    _check_keyword_outputs(O, V, A, B, R)
+    _check_keyword_outputs(*k(A, B, R, backend="numpy"), A, B, R)
 
     text = k.compiled(A, B, R).low.source.text
     plain = tc.define(PLAIN_DEF).compiled(A, B, R).low.source.text
@@ -693,9 +697,7 @@ def test_tc_names_equal_to_generated_c_names():
     k = tc.define(GENERATED_NAMES_DEF)
     A, B, R = f32((7, 5)), f32((5, 3), 1), f32((3,), 2)
     O, V = k(A, B, R, backend="c")
-    O_want = A.astype(np.float64) @ B
-    np.testing.assert_allclose(O, O_want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(V, O_want[:, 0] + R[2] * np.arange(7), rtol=1e-5, atol=1e-6)
+    _check_keyword_outputs(O, V, A, B, R)
     plain = tc.define(PLAIN_DEF).compiled(A, B, R).low.source.text
     assert c_code(k.compiled(A, B, R).low.source.text) == c_code(plain)
 
@@ -861,7 +863,7 @@ def test_matmul_outer_loop_is_omp_parallel_and_inner_loop_simd():
     assert sum(line.startswith("#pragma omp parallel") for line in body) == \
         sum(n.omp for n in walk(kept) if isinstance(n, LFor))
     assert not nested_omp(ck.low.ir.body)
-    np.testing.assert_allclose(k(A, B, backend="c"), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(A, B, backend="c"), np.matmul, A, B, terms=13)
 
 
 MAXPOOL = """def maxpool(float(N, C, H, W) I) -> (O) {
@@ -899,6 +901,11 @@ FC_EPILOGUE = """def fc(float(B,M) I, float(M,N) W1, float(N) B1) -> (O) {
 }"""
 
 
+def _fc(I: np.ndarray, W: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """relu(I @ W + bias): relu changes no sum by more than its rounding, so the sum's bound holds."""
+    return np.maximum(I @ W + bias, 0)
+
+
 @pytest.mark.cpu
 def test_contraction_with_an_epilogue_keeps_its_register_tile():
     """By default the bias + relu does not enter the contraction's loops: fused there, it forced
@@ -907,8 +914,7 @@ def test_contraction_with_an_epilogue_keeps_its_register_tile():
     I, W, b = f32((64, 96)), f32((96, 128), 1), f32((128,), 2)
     src = k.source(I, W, b)
     assert "register tile of O" in src, src
-    want = np.maximum(I.astype(np.float64) @ W + b, 0)
-    np.testing.assert_allclose(k(I, W, b, backend="c"), want, rtol=1e-5, atol=1e-5)
+    assert_sum_close(k(I, W, b, backend="c"), _fc, I, W, b, terms=97)
 
 
 @pytest.mark.cpu
@@ -921,7 +927,7 @@ def test_openmp_off_emits_no_parallel_region():
     assert "#pragma omp simd" in text  # vectorisation is a separate knob
     no_simd = k.compiled(A, B, options=MappingOptions(openmp=False, vectorize=False)).low.source.text
     assert "#pragma omp" not in no_simd
-    np.testing.assert_allclose(k(A, B, backend="c", options=opts), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(A, B, backend="c", options=opts), np.matmul, A, B, terms=13)
 
 
 @pytest.mark.cpu
@@ -935,7 +941,7 @@ def test_full_reduction_into_rank0_is_not_parallel(n: int):
     assert loops and not any(x.omp or x.parallel or x.simd for x in loops)
     S = k(A, backend="c")
     assert S.shape == () and S.dtype == np.float32
-    np.testing.assert_allclose(S, A.astype(np.float64).sum(), rtol=1e-4)
+    assert_sum_close(S, np.sum, A, terms=n)
 
 
 @pytest.mark.cpu
@@ -950,7 +956,7 @@ def test_row_reduction_parallel_over_rows_only():
     assert all(not x.note for x in loops if x.omp)
     assert all(not (x.parallel or x.omp or x.simd) for x in loops if x.note)
     assert any(x.note for x in loops)  # the reduction loop over j
-    np.testing.assert_allclose(k(A, backend="c"), A.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    assert_sum_close(k(A, backend="c"), lambda A: A.sum(1), A, terms=33)
 
 
 # ---- blocked transposes ------------------------------------------------------------------------------
@@ -1048,8 +1054,7 @@ def test_few_parallel_tiles_share_threads_with_the_next_loop(b: int, m: int, n: 
     I, W, bias = f32((b, m)), f32((m, n), 1), f32((n,), 2)
     if b == 128:
         assert "collapse(2)" in k.source(I, W, bias)
-    want = np.maximum(I.astype(np.float64) @ W + bias, 0)
-    np.testing.assert_allclose(k(I, W, bias, backend="c"), want, rtol=1e-5, atol=1e-5)
+    assert_sum_close(k(I, W, bias, backend="c"), _fc, I, W, bias, terms=m + 1)
 
 
 @pytest.mark.cpu
@@ -1063,13 +1068,12 @@ def test_parallel_loops_hand_out_chunks_for_any_thread_count(threads: int):
     I, W, bias = f32((100, 33)), f32((33, 1000), 1), f32((1000,), 2)
     src = k.source(I, W, bias)
     assert re.search(r"#pragma omp parallel for schedule\(dynamic, tc_chunk\(\d+L\)\)", src), src
-    want = np.maximum(I.astype(np.float64) @ W + bias, 0)
     try:
         gomp.omp_set_num_threads(threads)
         got = k(I, W, bias, backend="c")
     finally:
         gomp.omp_set_num_threads(before)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_sum_close(got, _fc, I, W, bias, terms=34)
 
 
 # ---- operand layout (tcdsl.layout) ------------------------------------------------------------------
@@ -1088,12 +1092,12 @@ def test_contraction_against_a_transposed_operand_is_laid_out_and_exact(b: int, 
     k = tc.define(FC_TORCH_LAYOUT)
     I, W, bias = f32((b, m)), f32((n, m), 1), f32((n,), 2)
     assert set(k.lowered(I, W, bias).scop.inst.checked.tensors) >= {"I_t", "O_t"}
-    want = np.maximum(I.astype(np.float64) @ W.T.astype(np.float64) + bias, 0)
-    np.testing.assert_allclose(k(I, W, bias, backend="c"), want, rtol=1e-5, atol=1e-5)
+    assert_sum_close(k(I, W, bias, backend="c"), lambda I, W, b: _fc(I, W.T, b), I, W, bias, terms=m + 1)
     # explicit tiles are meant for the def as written: no rewrite then
     opts = MappingOptions(tile=(8, 8, 8))
     assert "I_t" not in k.lowered(I, W, bias, options=opts).scop.inst.checked.tensors
-    np.testing.assert_allclose(k(I, W, bias, backend="c", options=opts), want, rtol=1e-5, atol=1e-5)
+    assert_sum_close(k(I, W, bias, backend="c", options=opts), lambda I, W, b: _fc(I, W.T, b), I, W, bias,
+                     terms=m + 1)
 
 
 def test_layout_leaves_other_statements_alone():
@@ -1107,7 +1111,7 @@ def test_layout_leaves_other_statements_alone():
     laid = rewrite(k.checked)
     assert laid is not None and "A_t2" in laid.tensors
     A, B, At = f32((5, 3)), f32((4, 3), 1), f32((3, 5), 2)
-    np.testing.assert_allclose(k(A, B, At, backend="c"), A @ B.T, rtol=1e-5, atol=1e-6)
+    assert_sum_close(k(A, B, At, backend="c"), lambda A, B: A @ B.T, A, B, terms=3)
 
 
 # ---- small windows reduced into contiguous outputs -------------------------------------------------------
@@ -1128,11 +1132,13 @@ def test_small_windows_vectorise_over_the_output_row_and_match_numpy(shape: tupl
     I[0, 0, 1, 3] = np.nan
     n, c, h, w = shape
     want_max = I[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
-    v = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))
-    want_avg = (v / 9.0).sum(axis=(4, 5))
+
+    def avg(I: np.ndarray) -> np.ndarray:
+        return (np.lib.stride_tricks.sliding_window_view(I, (3, 3), axis=(2, 3)) / 9.0).sum(axis=(4, 5))
+
     got_max, got_avg = k(I, backend="c")
     np.testing.assert_array_equal(got_max, want_max)  # NaN where a window holds one
-    np.testing.assert_allclose(got_avg, want_avg, rtol=1e-5, atol=1e-6)
+    assert_sum_close(got_avg, avg, I, terms=9)  # NaN where a window holds one
     if shape == (2, 3, 56, 56):
         src = k.source(I)
         assert "statement 1: a 28 register tile of O" in src, src  # the output row, 28 wide, across the window
