@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from tolerance import assert_sum_close
 
 import tcdsl as tc
 
@@ -61,7 +62,7 @@ def test_single_def_returns_callable_kernel(mm: tc.Kernel) -> None:
     A, B = f32(3, 4, seed=1), f32(4, 5, seed=2)
     C = mm(A, B)
     assert C.shape == (3, 5) and C.dtype == np.float32
-    np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(C, np.matmul, A, B, terms=4)
 
 
 def test_library_attribute_item_iteration_len() -> None:
@@ -121,7 +122,7 @@ def test_short_form_matmul_params_from_signature() -> None:
     assert matmul.params == ["A", "B"]
     assert matmul.outputs == ("C",)
     A, B = f32(3, 4, seed=3), f32(4, 2, seed=4)
-    np.testing.assert_allclose(matmul(A, B), A @ B, rtol=1e-5, atol=1e-6)
+    assert_sum_close(matmul(A, B), np.matmul, A, B, terms=4)
 
 
 def test_short_form_param_order_is_the_signature_order() -> None:
@@ -154,7 +155,7 @@ def test_short_form_sizes_from_arguments_several_shapes() -> None:
         B = rng(n + 10).standard_normal((k, n))
         C = matmul(A, B)
         assert C.shape == (m, n)
-        np.testing.assert_allclose(C, A @ B, rtol=1e-12, atol=1e-12)
+        assert_sum_close(C, np.matmul, A, B, terms=k)
 
 
 def test_short_form_contraction_mismatch_raises() -> None:
@@ -243,7 +244,7 @@ def test_short_form_one_kernel_per_size_pattern() -> None:
     assert k1 is k2
     A, B = rng(1).standard_normal((2, 3)), rng(2).standard_normal((3, 4))
     for _ in range(4):
-        np.testing.assert_allclose(matmul(A, B), A @ B, rtol=1e-12)
+        assert_sum_close(matmul(A, B), np.matmul, A, B, terms=3)
     assert len(k1._cache) == 1
     # a different dtype is a different def
     k3 = matmul.kernel(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
@@ -261,7 +262,7 @@ def test_short_form_byte_order_and_strides() -> None:
     b = B[::-1, :]
     C = matmul(a, b)
     assert C.dtype == np.float64 and C.dtype.isnative
-    np.testing.assert_allclose(C, A[::2, ::-2] @ B[::-1, :], rtol=1e-12)
+    assert_sum_close(C, np.matmul, A[::2, ::-2], B[::-1, :], terms=4)
 
 
 # ---- results: one array, tuples, out= ------------------------------------------------------------
@@ -418,7 +419,7 @@ def test_strided_inputs(mm: tc.Kernel) -> None:
         (np.asfortranarray(A), np.asfortranarray(A.T)),
     ]
     for a, b in cases:
-        np.testing.assert_allclose(mm(a, b), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+        assert_sum_close(mm(a, b), np.matmul, a, b, terms=a.shape[1])
 
 
 def test_non_native_byte_order(mm: tc.Kernel) -> None:
@@ -426,7 +427,7 @@ def test_non_native_byte_order(mm: tc.Kernel) -> None:
     for a, b in [(A.astype(">f4"), B), (A, B.astype(">f4")), (A.astype(">f4"), B.astype(">f4")[::-1][::-1])]:
         C = mm(a, b)
         assert C.dtype == np.float32 and C.dtype.isnative
-        np.testing.assert_allclose(C, A @ B, rtol=1e-5, atol=1e-6)
+        assert_sum_close(C, np.matmul, A, B, terms=4)
     ki = tc.define("def neg(int32(N) X) -> (Y) { Y(i) = -X(i) }")
     np.testing.assert_array_equal(ki(np.array([1, -2, 70000], ">i4")), [-1, 2, -70000])
 
@@ -600,7 +601,7 @@ def test_cache_one_instance_per_shape() -> None:
     k = tc.define(MM_SRC)
     A, B = f32(3, 4, seed=12), f32(4, 5, seed=13)
     for _ in range(10):
-        np.testing.assert_allclose(k(A, B), A @ B, rtol=1e-5, atol=1e-6)
+        assert_sum_close(k(A, B), np.matmul, A, B, terms=4)
     assert len(k._cache) == 1
     # same shapes through other strides / byte order / order: still one instance
     k(np.asfortranarray(A), B.astype(">f4"))
@@ -608,7 +609,7 @@ def test_cache_one_instance_per_shape() -> None:
     assert len(k._cache) == 1
     A2 = f32(2, 4, seed=14)
     for _ in range(3):
-        np.testing.assert_allclose(k(A2, B), A2 @ B, rtol=1e-5, atol=1e-6)
+        assert_sum_close(k(A2, B), np.matmul, A2, B, terms=4)
     assert len(k._cache) == 2
 
 
