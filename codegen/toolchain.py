@@ -1,8 +1,10 @@
-"""Toolchain: ``CSource -> shared library`` with the system C compiler, cached on disk.
+"""Toolchain: ``CSource text -> Built (verified library bytes) -> loaded ctypes library``, with the
+system C compiler and an on-disk cache (see ``diskcache``).
 
-The cache key is the C text, the compiler's ``--version``, the flags and the tcdsl version; the
-library is written to a temp file and renamed into place, so concurrent builders of one kernel
-are safe. A failed compile keeps its source and raises ``TcCompileError`` with the log.
+The cache key names the C text, the def, the compiler's ``--version``, the flags, the CPU target
+(``-march=native``'s features) and the tcdsl version; the entry function gets a symbol unique to the
+key. A library is loaded only from bytes that match the record tcdsl wrote when it built them; any
+other entry is rebuilt. A failed compile keeps its source and raises ``TcCompileError`` with the log.
 """
 
 from __future__ import annotations
@@ -12,20 +14,38 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shlex
+import signal
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from tcdsl import knobs
 from tcdsl.errors import TcCompileError
 
+from . import diskcache
+
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
          "-std=gnu11")
-_loaded: dict[str, ctypes.CDLL] = {}
+PROBE_TIMEOUT_S = 60.0  # the compiler's --version and target queries
+STEM_MAX = 40  # characters of the def's name kept in file names (the key covers the whole name)
+_loaded: dict[str, ctypes.CDLL] = {}  # sha256 of the bytes loaded -> library: never stale
+_memfds: list[int] = []  # descriptors of the memory files loaded (see _dlopen_bytes)
 BUILDS = 0  # compiler invocations in this process (on-disk cache misses)
 _lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Built:
+    """A cached library's path and the verified bytes to load (``symbol``: its entry, or "")."""
+
+    path: Path
+    symbol: str
+    data: bytes
+    sha256: str
 
 
 @functools.cache
@@ -45,71 +65,218 @@ def compiler() -> list[str]:
     return shlex.split(os.environ.get("CC", "gcc")) or ["gcc"]
 
 
+def run_tool(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``cmd``, run in a session of its own. At ``timeout`` the whole
+    process group (the driver, cc1, as, ld) is killed and ``subprocess.TimeoutExpired`` raised.
+    Output goes to temporary files, not pipes, so no descendant that keeps them open can make a
+    wait outlast the timeout."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except BaseException:  # the timeout, or an interrupt: nothing of the compiler survives
+            _kill_group(proc)
+            raise
+        out.seek(0)
+        err.seek(0)
+        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group id is the driver's pid
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass  # SIGKILLed; the zombie is reaped by Popen's own bookkeeping later
+
+
 @functools.cache
 def compiler_version(cc: tuple[str, ...]) -> str:
     try:
-        out = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60)
+        _, out, _ = run_tool([*cc, "--version"], min(PROBE_TIMEOUT_S, knobs.compile_timeout()))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TcCompileError(f"the C compiler {' '.join(cc)!r} cannot be run: {e}") from None
-    return out.stdout.strip()
+    return out.strip()
 
 
-def library_key(source: str) -> str:
+@functools.cache
+def cpu_target(cc: tuple[str, ...]) -> str:
+    """The CPU target ``cc -march=native`` compiles for: the architecture and every target option it
+    turns on (``-Q --help=target``), so that a cache shared between machines never hands one CPU's
+    build to another. Compilers without that query (clang) fall back to the kernel's CPU flags."""
+    try:
+        code, out, _ = run_tool([*cc, *FLAGS[:2], "-Q", "--help=target"], min(PROBE_TIMEOUT_S, knobs.compile_timeout()))
+    except (OSError, subprocess.TimeoutExpired):
+        code, out = 1, ""
+    opts = []
+    for m in re.finditer(r"^\s+(-m\S+)\s+(\S.*?)\s*$", out if code == 0 else "", re.M):
+        opt, value = m.groups()
+        if value != "[disabled]":
+            opts.append(opt if value == "[enabled]" else opt + value)
+    if any(o.startswith("-march=") for o in opts):
+        return " ".join(opts)
+    return _kernel_cpu_flags()
+
+
+def _kernel_cpu_flags() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if re.match(r"(flags|Features)\s*:", line):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()} cpu flags: {flags}"
+
+
+def library_key(source: str, stem: str = "", entry: str = "") -> str:
     from tcdsl import __version__
 
     cc = tuple(compiler())
     h = hashlib.sha256()
-    for part in (source, compiler_version(cc), " ".join(cc), " ".join(FLAGS), __version__):
+    for part in (source, stem, entry, compiler_version(cc), " ".join(cc), " ".join(FLAGS), cpu_target(cc),
+                 __version__):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
 
 
-def build(source: str, stem: str) -> Path:
-    """The path of the shared library for ``source`` (compiled unless cached)."""
-    key = library_key(source)
-    out_dir = knobs.cache_dir() / "c"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lib = out_dir / f"{stem}-{key}.so"
-    if lib.exists() and not knobs.force_recompile():
-        return lib
-    src = out_dir / f"{stem}-{key}.c"
-    _atomic_write(src, source.encode())
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{stem}-", suffix=".so")
+def entry_symbol(key: str) -> str:
+    """The entry function's symbol in the library of ``key``: another kernel's library lacks it."""
+    return f"tc_k_{key}"
+
+
+def file_stem(stem: str) -> str:
+    """A short, safe file-name prefix (the key, which covers the whole name, keeps names apart)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", stem)[:STEM_MAX]
+
+
+def build(source: str, stem: str, entry: str = "") -> Path:
+    """The path of a verified library for ``source``, compiled unless cached. With ``entry`` (the C
+    function's name in ``source``), the library exports it as ``entry_symbol(key)``."""
+    return built(source, stem, entry).path
+
+
+def built(source: str, stem: str, entry: str = "", rebuild: bool = False) -> Built:
+    """The library for ``source`` as verified bytes: from the cache when its record matches, else
+    compiled (``rebuild`` or ``TCDSL_FORCE_RECOMPILE``: always compiled)."""
+    key = library_key(source, stem, entry)
+    out_dir = diskcache.private_dir(knobs.cache_dir(), "c")
+    lib = out_dir / f"{file_stem(stem)}-{key}.so"
+    symbol = entry_symbol(key) if entry else ""
+    if not rebuild and not knobs.force_recompile():
+        hit = diskcache.read_verified(lib, key, symbol)
+        if hit is not None:
+            return Built(lib, symbol, *hit)
+    return _compile(source, lib, key, entry, symbol)
+
+
+def _compile(source: str, lib: Path, key: str, entry: str, symbol: str) -> Built:
+    src = lib.with_suffix(".c")
+    diskcache.atomic_write(src, source.encode())
+    fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=diskcache.temp_prefix(), suffix=".so")
     os.close(fd)
     libs = ["-lmvec", "-lm"] if "declare simd" in source else ["-lm"]
-    cmd = [*compiler(), *FLAGS, "-o", tmp, str(src), *libs]
+    rename = [f"-D{entry}={symbol}"] if entry else []
+    cmd = [*compiler(), *FLAGS, *rename, "-o", tmp, str(src), *libs]
     global BUILDS
     BUILDS += 1
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        os.unlink(tmp)
+        code, _, log = _run_compiler(cmd, src)
+        if code != 0:
+            raise TcCompileError(f"C compilation failed (source kept at {src}):\n$ {shlex.join(cmd)}\n{log.strip()}")
+        os.chmod(tmp, 0o600)  # the linker's mode follows the umask: no one else may rewrite it
+        with open(tmp, "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256(data).hexdigest()
+        os.replace(tmp, lib)
+        diskcache.write_record(lib, diskcache.Record(key, symbol, len(data), digest))
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return Built(lib, symbol, data, digest)
+
+
+def _run_compiler(cmd: list[str], src: Path) -> tuple[int, str, str]:
+    limit = knobs.compile_timeout()
+    try:
+        return run_tool(cmd, limit)
+    except subprocess.TimeoutExpired:
+        raise TcCompileError(f"the C compiler did not finish within {limit:g} s (TCDSL_COMPILE_TIMEOUT) and was "
+                             f"killed with its whole process group; source kept at {src}") from None
+    except OSError as e:
         raise TcCompileError(f"the C compiler failed to run: {e}; source kept at {src}") from None
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise TcCompileError(f"C compilation failed (source kept at {src}):\n$ {shlex.join(cmd)}\n"
-                             f"{proc.stderr.strip()}")
-    os.replace(tmp, lib)
+
+
+def kernel_library(source: str, stem: str, entry: str) -> tuple[ctypes.CDLL, str, Path]:
+    """(library, entry symbol, cache path) for the C function ``entry`` of ``source``. A cached
+    library that fails to load or lacks its symbol is rebuilt once; a fresh build that fails too
+    raises ``TcCompileError``."""
+    b = built(source, stem, entry)
+    try:
+        return load(b), b.symbol, b.path
+    except _Unusable:
+        b = built(source, stem, entry, rebuild=True)
+        try:
+            return load(b), b.symbol, b.path
+        except _Unusable as e:
+            raise TcCompileError(f"the library tcdsl just built cannot be used: {e}") from None
+
+
+class _Unusable(Exception):
+    pass
+
+
+def load(b: Built) -> ctypes.CDLL:
+    """The library of ``b``'s verified bytes, loaded once per process per content; checks that it
+    exports ``b.symbol``."""
+    with _lock:
+        lib = _loaded.get(b.sha256)
+        if lib is None:
+            lib = _dlopen_bytes(b.data, b.path.name)
+            _loaded[b.sha256] = lib
+    if b.symbol and not hasattr(lib, b.symbol):
+        raise _Unusable(f"{b.path} does not export its entry {b.symbol}")
     return lib
 
 
-def load(path: Path) -> ctypes.CDLL:
-    with _lock:
-        lib = _loaded.get(str(path))
-        if lib is None:
-            lib = ctypes.CDLL(str(path))
-            _loaded[str(path)] = lib
-        return lib
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+def _dlopen_bytes(data: bytes, name: str) -> ctypes.CDLL:
+    """Load exactly ``data``, the bytes whose hash was checked. Loading by the cache path would let a
+    file swapped in after the check run instead, so the bytes go to an anonymous memory file
+    (``memfd_create``) that no other process can reach, loaded through ``/proc/self/fd``. Its
+    descriptor stays open for the life of the process: the dynamic loader matches libraries by
+    name, and a reused descriptor number would hand back the library loaded before under that
+    name. Where memory files are missing (or descriptors run out), a private copy is loaded."""
     try:
-        with os.fdopen(fd, "wb") as f:
+        fd = os.memfd_create(name, getattr(os, "MFD_CLOEXEC", 0))
+    except (AttributeError, OSError):
+        return _dlopen_private_copy(data, name)
+    try:
+        with open(fd, "wb", closefd=False) as f:
             f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        path = f"/proc/self/fd/{fd}"
+        if not os.path.exists(path):
+            os.close(fd)
+            return _dlopen_private_copy(data, name)
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        os.close(fd)
+        raise _Unusable(str(e)) from None
+    _memfds.append(fd)
+    return lib
+
+
+def _dlopen_private_copy(data: bytes, name: str) -> ctypes.CDLL:
+    with tempfile.TemporaryDirectory(prefix="tcdsl-load-") as d:  # 0700, a name never loaded before
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            return ctypes.CDLL(path)  # the mapping outlives the file
+        except OSError as e:
+            raise _Unusable(str(e)) from None

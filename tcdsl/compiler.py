@@ -89,9 +89,9 @@ class CKernel:
     def __init__(self, low: Lowered) -> None:
         self.low = low
         self.inst = low.scop.inst
-        path = toolchain.build(low.source.text, f"tc_{self.inst.checked.name}")
-        lib = toolchain.load(path)
-        fn = getattr(lib, low.source.name)
+        lib, symbol, path = toolchain.kernel_library(low.source.text, f"tc_{self.inst.checked.name}",
+                                                     entry=low.source.name)
+        fn = getattr(lib, symbol)
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * (len(low.source.params) + 1)
         self.fn = fn

@@ -29,7 +29,10 @@ def schedule_timeout() -> float:
 
 
 def cache_dir() -> Path:
-    """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``)."""
+    """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``).
+    tcdsl creates it 0700; one that is group- or world-writable, owned by another user or not
+    writable is refused with a ``TcCacheWarning``, and kernels then go to a private temporary
+    directory for the process."""
     if os.environ.get("TCDSL_CACHE_DIR"):
         return Path(os.environ["TCDSL_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -41,6 +44,12 @@ def tuning_db() -> Path:
     if os.environ.get("TCDSL_TUNING_DB"):
         return Path(os.environ["TCDSL_TUNING_DB"])
     return cache_dir() / "tuning.sqlite"
+
+
+def compile_timeout() -> float:
+    """TCDSL_COMPILE_TIMEOUT: seconds one run of the C compiler may take before it is killed with its
+    whole process group and the compile fails (default 600)."""
+    return float(os.environ.get("TCDSL_COMPILE_TIMEOUT", "600"))
 
 
 def force_recompile() -> bool:
