@@ -23,6 +23,7 @@ from tcdsl.sema import check_module
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grad_defs import CASES, GradCase, make  # noqa: E402
+from tolerance import C_ABS, assert_close, eps  # noqa: E402
 
 
 def _checked(src: str):
@@ -31,6 +32,12 @@ def _checked(src: str):
 
 def _as_list(x):
     return list(x) if isinstance(x, tuple) else [x]
+
+
+def _terms(arrays: list[np.ndarray]) -> int:
+    """A generous bound on the terms summed into one gradient element: each term reads one element
+    of some argument, so there are at most as many as the arguments hold in all."""
+    return sum(int(np.size(a)) for a in arrays)
 
 
 def _backward_args(case: GradCase, seed: int = 0):
@@ -58,24 +65,29 @@ def test_backward_matches_interpreter_and_finite_differences(case: GradCase) -> 
     got_i = _as_list(bk(*args, backend="numpy"))
     assert len(got_c) == len(bw.grads) == len([t for t in c.inputs if t.dtype == "float64"])
     for name, a, b in zip(bw.grads, got_c, got_i):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=f"d_{name}: C vs interpreter")
+        assert_close(a, b, terms=_terms(args), err_msg=f"d_{name}: C vs interpreter")
     fwd = tc.define(case.source)
 
     def loss(values: list[np.ndarray]) -> float:
         return sum(float(np.sum(o * g)) for o, g in zip(_as_list(fwd(*values, backend="numpy")), cots))
 
     names = [t.name for t in c.inputs]
-    eps = 1e-6
+    h = 1e-6
+    # the loss's own rounding (its sums of |terms|) differs between the two sides: divided by 2h
+    outs = _as_list(fwd(*xs, backend="numpy"))
+    loss_terms = sum(float(np.sum(np.abs(o * g))) for o, g in zip(outs, cots))
+    fd_atol = C_ABS * eps(np.float64) * _terms(xs) * loss_terms / (2 * h)
     for name, g in zip(bw.grads, got_i):
         i = names.index(name)
         num = np.zeros(np.shape(xs[i]))
         for idx in np.ndindex(num.shape):
             plus = [x.copy() for x in xs]
             minus = [x.copy() for x in xs]
-            plus[i][idx] += eps
-            minus[i][idx] -= eps
-            num[idx] = (loss(plus) - loss(minus)) / (2 * eps)
-        np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-6, err_msg=f"d_{name} vs finite differences")
+            plus[i][idx] += h
+            minus[i][idx] -= h
+            num[idx] = (loss(plus) - loss(minus)) / (2 * h)
+        # rtol: the difference quotient's truncation error, O(h^2) relative to the derivative
+        np.testing.assert_allclose(g, num, rtol=1e-5, atol=fd_atol, err_msg=f"d_{name} vs finite differences")
 
 
 GPU_CASES = [c for c in CASES if c.name in ("strided_conv", "padded_conv", "conv_bias_relu_in_place", "maxpool",
@@ -94,7 +106,7 @@ def test_backward_on_the_gpu_mapping(case: GradCase) -> None:
     _, bw, _, _, args = _backward_args(case)
     bk = tc.define(bw.source)
     for name, a, b in zip(bw.grads, _as_list(bk(*args, backend="opencl")), _as_list(bk(*args, backend="numpy"))):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=f"d_{name}: OpenCL vs interpreter")
+        assert_close(a, b, terms=_terms(args), err_msg=f"d_{name}: OpenCL vs interpreter")
 
 
 def _case(name: str) -> GradCase:
