@@ -3,7 +3,6 @@ printer round trips (examples, hand-written defs, hypothesis-generated expressio
 
 from __future__ import annotations
 
-import functools
 import pickle
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tolerance import assert_close, assert_sum_close
 
 import tcdsl
 from tcdsl import ast as A
@@ -746,54 +746,58 @@ def test_examples_compute() -> None:
     def r(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32)
 
-    close = functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-4)
-
+    # sums of products: within c * eps * K of their sums of |terms| (tolerance.assert_sum_close)
     mm = _example("matmul.tc")
     a, bm, c0 = r(3, 4), r(5, 4), r(3, 5)
-    close(mm.matmul(a, bm.T.copy()), a @ bm.T)
+    assert_sum_close(mm.matmul(a, bm.T.copy()), lambda a, b: a @ b.T, a, bm, terms=4)
     x, y = r(2, 3, 4), r(2, 4, 5)
-    close(mm.batch_matmul(x, y), x @ y)
-    close(mm.gemm_nt(a, bm, c0, np.float32(2.0), np.float32(0.5)), 2 * a @ bm.T + 0.5 * c0)
+    assert_sum_close(mm.batch_matmul(x, y), np.matmul, x, y, terms=4)
+    assert_sum_close(mm.gemm_nt(a, bm, c0, np.float32(2.0), np.float32(0.5)),
+                     lambda a, b, c: 2 * a @ b.T + 0.5 * c, a, bm, c0, terms=5)
 
     conv = _example("conv2d.tc")
     img, w, bias = r(2, 3, 7, 8), r(4, 3, 3, 2), r(4)
-    close(conv.conv2d_bias(img, w, bias), _conv_valid(img, w) + bias[None, :, None, None])
+    assert_sum_close(conv.conv2d_bias(img, w, bias), lambda i, w, b: _conv_valid(i, w) + b[None, :, None, None],
+                     img, w, bias, terms=19)
     w3 = r(4, 3, 3, 3)
     out = conv.conv2d_strided(img, w3)
     assert out.shape == (2, 4, 3, 3)
-    close(out, _conv_valid(img, w3, stride=2))
+    assert_sum_close(out, lambda i, w: _conv_valid(i, w, stride=2), img, w3, terms=27)
 
     pool = _example("pooling.tc")
     img = r(2, 3, 6, 8)
-    blocks = img.reshape(2, 3, 3, 2, 4, 2)
-    close(pool.maxpool2x2(img), blocks.max(axis=(3, 5)))
-    close(pool.avgpool2x2(img), blocks.mean(axis=(3, 5)))
+    np.testing.assert_array_equal(pool.maxpool2x2(img), img.reshape(2, 3, 3, 2, 4, 2).max(axis=(3, 5)))
+    assert_sum_close(pool.avgpool2x2(img), lambda i: i.reshape(2, 3, 3, 2, 4, 2).mean(axis=(3, 5)), img, terms=4)
 
     x = r(4, 6)
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    close(_example("softmax.tc")(x), e / e.sum(axis=1, keepdims=True))
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    assert_close(_example("softmax.tc")(x), e / e.sum(axis=1, keepdims=True), terms=6)
 
     gamma, beta = r(6), r(6)
-    mean, var = x.mean(axis=1, keepdims=True), x.var(axis=1, keepdims=True)
-    close(_example("layernorm.tc")(x, gamma, beta, np.float32(1e-5)),
-          gamma * (x - mean) / np.sqrt(var + 1e-5) + beta)
+    mean, var = x64.mean(axis=1, keepdims=True), x64.var(axis=1, keepdims=True)
+    assert_close(_example("layernorm.tc")(x, gamma, beta, np.float32(1e-5)),
+                 gamma * (x64 - mean) / np.sqrt(var + 1e-5) + beta, terms=12)  # two 6-term sums
 
     mlp = _example("mlp.tc")
     xb, w1, b1, w2, b2 = r(3, 5), r(7, 5), r(7), r(2, 7), r(2)
-    close(mlp.mlp2(xb, w1, b1, w2, b2), np.maximum(xb @ w1.T + b1, 0) @ w2.T + b2)
+    # relu neither grows an error nor a sum of |terms|: the chain's bound is that of 6 + 8 terms
+    assert_sum_close(mlp.mlp2(xb, w1, b1, w2, b2), lambda x, w1, b1, w2, b2: np.maximum(x @ w1.T + b1, 0) @ w2.T + b2,
+                     xb, w1, b1, w2, b2, terms=14)
     wz = r(4, 5)
     xb[0], wz[0] = 10.0, 1.0  # z[0, 0] = 50: past the clip, exactly 1
     zz = xb.astype(np.float64) @ wz.T.astype(np.float64)
     got = mlp.dense_sigmoid(xb, wz)
     assert got[0, 0] == 1.0
-    close(got, np.where(zz > 30, 1.0, 1 / (1 + np.exp(-zz))))
+    # the sigmoid's slope is at most 1/4: z's error bound carries over, plus its own roundings
+    assert_close(got, np.where(zz > 30, 1.0, 1 / (1 + np.exp(-zz))), terms=5, scale=np.abs(xb) @ np.abs(wz.T))
 
     g = _example("gather.tc")
     table = r(10, 4)
     idx = np.array([[0, 9, 3], [3, 3, 1]], dtype=np.int32)
-    close(g.embedding(table, idx), table[idx])
-    close(g.embedding_bag(table, idx.astype(np.int64)), table[idx].sum(axis=1))
+    np.testing.assert_array_equal(g.embedding(table, idx), table[idx])
+    assert_sum_close(g.embedding_bag(table, idx.astype(np.int64)), lambda t: t[idx].sum(axis=1), table, terms=3)
 
     img, w = r(2, 3, 5, 6), r(4, 3, 3, 3)
-    padded = np.pad(img, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    close(_example("padded_conv.tc")(img, w), _conv_valid(padded, w))
+    assert_sum_close(_example("padded_conv.tc")(img, w),
+                     lambda i, w: _conv_valid(np.pad(i, ((0, 0), (0, 0), (1, 1), (1, 1))), w), img, w, terms=27)
