@@ -20,9 +20,11 @@ from tcdsl.errors import TcArgumentError, TcError, TcRuntimeError
 
 try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
     from defs import DEFS, Arr, Case, assert_matches, make_inputs
+    from tolerance import assert_sum_close
 except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, Arr, Case, assert_matches, make_inputs
+    from tolerance import assert_sum_close
 
 CASES = {c.name: c for c in DEFS}
 
@@ -128,7 +130,7 @@ def test_transposed_view_matmul():
     B = np.random.default_rng(4).standard_normal((5, 6)).astype(np.float32)
     mm = tc.define(CASES["matmul"].source)
     got = mm(A.T, B.T)  # (4, 6) x (6, 5), both views with swapped strides
-    np.testing.assert_allclose(got, (A.T.astype(np.float64) @ B.T).astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert_sum_close(got, np.matmul, A.T, B.T, terms=6)
     assert got.dtype == np.float32 and got.shape == (4, 5)
 
 
@@ -172,7 +174,7 @@ def test_float32_stays_float32():
     np.testing.assert_allclose(o[2], A + np.float32(1), rtol=1e-7)
     np.testing.assert_allclose(o[3], np.exp(K.astype(np.float32)), rtol=1e-6)
     np.testing.assert_array_equal(o[4], K.astype(np.float32) * np.float32(0.5))
-    np.testing.assert_allclose(o[5], np.float32(A.astype(np.float64).sum() * 1e-3), atol=1e-7)
+    assert_sum_close(o[5], lambda A: (A * 1e-3).sum(), A, terms=8)
 
 
 def test_float_division_by_zero_is_ieee_without_warnings():
@@ -332,7 +334,7 @@ def test_large_matmul_300():
     B = rng.standard_normal((300, 300)).astype(np.float32)
     got = tc.define(CASES["matmul"].source)(A, B)
     assert got.dtype == np.float32
-    np.testing.assert_allclose(got, (A.astype(np.float64) @ B).astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert_sum_close(got, np.matmul, A, B, terms=300)
 
 
 def test_large_matmul_300_general_path():
@@ -345,7 +347,7 @@ def test_large_matmul_300_general_path():
                   "    T(m, n) max=! A(m, k) + B(k, n)\n"
                   "}")
     C, T = k(A, B)
-    np.testing.assert_allclose(C, (A.astype(np.float64) @ B).astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert_sum_close(C, np.matmul, A, B, terms=300)
     want = np.concatenate([(A[s:s + 50, :, None] + B[None]).max(axis=1) for s in range(0, 300, 50)])
     np.testing.assert_array_equal(T, want)
 
@@ -381,10 +383,13 @@ def test_large_same_conv_padded_by_domain():
                   "    O(h, w) +=! I(h + kh - 1, w + kw - 1) * K(kh, kw) where h in 0:H, w in 0:W\n"
                   "}")
     got = k(I, K)
-    P = np.pad(I.astype(np.float64), 1)
-    want = sum(P[a:a + 600, b:b + 600] * K[a, b] for a in range(3) for b in range(3))
     assert got.dtype == np.float32 and got.shape == (600, 600)
-    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+    def same(I: np.ndarray, K: np.ndarray) -> np.ndarray:
+        P = np.pad(I, 1)
+        return sum(P[a:a + 600, b:b + 600] * K[a, b] for a in range(3) for b in range(3))
+
+    assert_sum_close(got, same, I, K, terms=9)
 
 
 def test_make_inputs_is_deterministic_and_typed():
