@@ -12,15 +12,17 @@ from importlib import resources
 from typing import Any
 
 import lark
-from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from tcdsl import ast as A
 from tcdsl.dtypes import TYPE_NAMES, canonical
-from tcdsl.errors import SourceFile, TcError, TcSyntaxError, locate
+from tcdsl.errors import SourceFile, TcSyntaxError, locate
 
 RESERVED = frozenset(("def", "where", "in", "exists", *TYPE_NAMES))
 FLOAT32_MAX = 3.4028234663852886e38
+MAX_INT_DIGITS = 4000  # longer integer literals are refused here (Python's int() limit is 4300 digits)
+COLLAPSE = 64  # runs of more unary operators than this fold to one equivalent operator
 
 
 @functools.cache
@@ -53,18 +55,10 @@ def _run(src: SourceFile, start: str) -> Any:
         tree = _lark().parse(src.text, start=start)
     except UnexpectedInput as e:
         raise _translate(src, e) from None
-    names = sorted(tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"),
-                   key=lambda t: (t.line, t.column))
-    for tok in names:
-        if str(tok) in RESERVED:
-            raise TcSyntaxError(f"'{tok}' is a keyword and cannot be used as a name",
-                                _tok_span(src, tok).location()) from None
     try:
-        return _Build(src).transform(tree)
-    except VisitError as e:
-        if isinstance(e.orig_exc, TcError):
-            raise e.orig_exc from None
-        raise
+        return _Build(src).build(tree)
+    except TcSyntaxError as e:
+        raise e from None
 
 
 # ---- error translation -----------------------------------------------------------------------
@@ -103,6 +97,48 @@ def _token_text(tok: Token) -> str:
 
 
 def _translate(src: SourceFile, e: UnexpectedInput) -> TcSyntaxError:
+    err = _translate_at(src, e)
+    unclosed = _unclosed(src, e)
+    if unclosed is None or err.location is None:
+        return err
+    line, col, ch = unclosed
+    at = err.location
+    return TcSyntaxError(f"'{ch}' was never closed (the parser stopped at {at.line}:{at.col}: {err.message})",
+                         locate(src, line, col, line, col + 1))
+
+
+_BRACKETS = re.compile(r"#[^\n]*|//[^\n]*|[(){}]")
+_CLOSER = {"(": ")", "{": "}"}
+
+
+def _unclosed(src: SourceFile, e: UnexpectedInput) -> tuple[int, int, str] | None:
+    """The innermost bracket still open where the parser stopped, as (line, col, bracket), when it
+    explains the stop: the text ended, or a '}' came while a '(' was open."""
+    tok = getattr(e, "token", None)
+    at_end = isinstance(e, UnexpectedEOF) or (tok is not None and tok.type == "$END")
+    pos = len(src.text) if at_end else (tok.start_pos if tok is not None else e.pos_in_stream)
+    if pos is None:
+        return None
+    stack: list[tuple[int, str]] = []
+    for m in _BRACKETS.finditer(src.text, 0, pos):
+        ch = m.group(0)
+        if ch in _CLOSER:
+            stack.append((m.start(), ch))
+        elif ch in ")}" and stack and _CLOSER[stack[-1][1]] == ch:
+            stack.pop()
+        elif ch in ")}":
+            return None  # an unmatched closer before the stop: not an unclosed bracket
+    if not stack:
+        return None
+    start, ch = stack[-1]
+    if not (at_end or (ch == "(" and src.text.startswith("}", pos))):
+        return None
+    line = src.text.count("\n", 0, start) + 1
+    col = start - (src.text.rfind("\n", 0, start) + 1) + 1
+    return line, col, ch
+
+
+def _translate_at(src: SourceFile, e: UnexpectedInput) -> TcSyntaxError:
     if isinstance(e, UnexpectedCharacters):
         pos = e.pos_in_stream or 0
         ch = src.text[pos] if pos < len(src.text) else "?"
@@ -142,11 +178,45 @@ def _tok_span(src: SourceFile, tok: Token) -> A.Span:
     return A.Span(src, tok.line or 0, tok.column or 0, tok.end_line or 0, tok.end_column or 0)
 
 
-@v_args(meta=True)
-class _Build(Transformer):
+class _Build:
+    """Lark's tree -> AST, bottom-up with an explicit stack (no recursion, so any nesting depth
+    builds); each rule's method takes the rule's meta and its built children."""
+
     def __init__(self, src: SourceFile) -> None:
-        super().__init__()
         self.src = src
+        self._runs: dict[int, tuple[A.Expr, int, A.Expr, str, bool]] = {}  # id -> (node, length, base, family, odd)
+
+    def build(self, tree: Tree) -> Any:
+        self._check_names(tree)
+        todo: list[tuple[Any, bool]] = [(tree, False)]
+        values: list[Any] = []
+        while todo:
+            node, ready = todo.pop()
+            if not isinstance(node, Tree):
+                values.append(node)
+            elif ready:
+                n = len(node.children)
+                items = values[len(values) - n:]
+                del values[len(values) - n:]
+                values.append(getattr(self, str(node.data))(node.meta, items))
+            else:
+                todo.append((node, True))
+                todo.extend((c, False) for c in reversed(node.children))
+        return values[0]
+
+    def _check_names(self, tree: Tree) -> None:
+        names: list[Token] = []
+        todo = [tree]
+        while todo:
+            for c in todo.pop().children:
+                if isinstance(c, Tree):
+                    todo.append(c)
+                elif isinstance(c, Token) and c.type == "NAME" and str(c) in RESERVED:
+                    names.append(c)
+        if names:
+            tok = min(names, key=lambda t: (t.line, t.column))
+            raise TcSyntaxError(f"'{tok}' is a keyword and cannot be used as a name",
+                                _tok_span(self.src, tok).location())
 
     def _ident(self, tok: Token) -> A.Ident:
         return A.Ident(str(tok), _tok_span(self.src, tok))
@@ -191,7 +261,7 @@ class _Build(Transformer):
         if tok.type == "FLOAT":
             raise TcSyntaxError(f"unexpected '{tok}': a dim is a size symbol or an integer", span.location())
         if tok.type == "INT":
-            return A.Dim(value=int(tok), span=span)
+            return A.Dim(value=self._int(tok), span=span)
         return A.Dim(name=str(tok), span=span)
 
     def stmt(self, meta, items):
@@ -236,11 +306,35 @@ class _Build(Transformer):
         return A.Binary(str(op), lhs, rhs, _span_of(self.src, meta))
 
     def unary(self, meta, items):
+        """``-x``, ``+x``, ``!x``. A run of more than COLLAPSE operators of one family folds to one
+        operator with the same value and type: ``- -x`` is ``+x`` (negation is exact in IEEE and
+        in wrapping integers, and both apply the integer promotion), ``!!x`` is ``bool(x)``."""
         op, arg = items
-        return A.Unary(str(op), arg, _span_of(self.src, meta))
+        op = str(op)
+        span = _span_of(self.src, meta)
+        family = "!" if op == "!" else "+-"
+        length, base, odd = 1, arg, op != "+"  # odd: an odd number of '-' (or of '!') in the run
+        run = self._runs.get(id(arg))
+        if run is not None and run[0] is arg and run[3] == family:
+            length, base, odd = run[1] + 1, run[2], run[4] != (op != "+")
+        if length <= COLLAPSE:
+            node: A.Expr = A.Unary(op, arg, span)
+        elif family == "!":
+            node = A.Unary("!", base, span) if odd else A.Cast("bool", base, span)
+        else:
+            node = A.Unary("-" if odd else "+", base, span)
+        self._runs[id(node)] = (node, length, base, family, odd)
+        return node
 
     def int_lit(self, meta, items):
-        return A.Num(int(items[0]), False, _span_of(self.src, meta))
+        return A.Num(self._int(items[0]), False, _span_of(self.src, meta))
+
+    def _int(self, tok: Token) -> int:
+        digits = str(tok).lstrip("0")
+        if len(digits) > MAX_INT_DIGITS:
+            raise TcSyntaxError(f"integer literal of {len(digits)} digits does not fit in any TC type (int64 holds "
+                                f"19 digits)", _tok_span(self.src, tok).location())
+        return int(tok)
 
     def float_lit(self, meta, items):
         value = float(items[0])
