@@ -779,18 +779,23 @@ class _Emitter:
             return self.hoisted[id(e)]
         shape = self.shapes[e.tensor]
         box = {r.name: (r.lo.subs(self.sizes), r.hi.subs(self.sizes)) for r in s.ranges}
-        texts = []
+        texts, checks = [], []
         for d, sub in enumerate(e.subs):
             if isinstance(sub, Sym):
                 text = self._sym(sub, env)
                 if e.conditional and not _inside(sub.subs(self.sizes), box, shape[d]):
                     code = self._site("read", s, e.tensor, d, e.span)
                     text = f"tc_chk({text}, {shape[d]}L, {code}, tc_err)"
+                    checks.append(d)
             else:
                 code = self._site("gather", s, e.tensor, d, e.span)
                 text = f"tc_chk((long){self._expr(sub, env, s)}, {shape[d]}L, {code}, tc_err)"
+                checks.append(d)
             texts.append(text)
-        return self._access(e.tensor, tuple(Sym.of(0) for _ in e.subs), env, checked=texts)
+        access = self._access(e.tensor, tuple(Sym.of(0) for _ in e.subs), env, checked=texts)
+        # a dim of stride 0 (broadcast, or an empty tensor) leaves the address: its check still runs
+        unaddressed = [texts[d] for d in checks if self.strides[e.tensor][d] == 0 and e.tensor not in self.rows]
+        return f"({', '.join(unaddressed)}, {access})" if unaddressed else access
 
     def _builtin(self, e: Call, a: list[str]) -> str:
         fn, t = e.fn, e.dtype

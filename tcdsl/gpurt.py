@@ -21,6 +21,9 @@ from .errors import TcArgumentError, TcCompileError
 from .instance import fully_written
 
 _LOCK = threading.Lock()
+# An empty input still gets a buffer of one element of the widest type: a failed check reads
+# element 0 of its tensor (and reports the error) rather than outside every buffer.
+EMPTY_BYTES = 8
 
 
 # ---- OpenCL ---------------------------------------------------------------------------------------
@@ -88,7 +91,7 @@ class OpenCLKernel:
             a = np.ascontiguousarray(inputs[t.name], dtype=_device_dtype(t.dtype))
             host[t.name] = a
             bufs[t.name] = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a) if a.nbytes else \
-                cl.Buffer(ctx, mf.READ_ONLY, 1)
+                cl.Buffer(ctx, mf.READ_ONLY, EMPTY_BYTES)
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
             a = np.zeros(shape, dtype=_device_dtype(t.dtype))
