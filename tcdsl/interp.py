@@ -1,10 +1,15 @@
 """Reference interpreter: runs an ``Instance`` on numpy arrays (``Instance x inputs -> outputs``).
 
-Each statement is evaluated with numpy over its whole iteration box, split into chunks of at
-most ``CHUNK`` points so memory stays bounded; contractions (sums of products of affine reads)
-go straight to ``np.einsum`` over strided views. Semantics are the language's: identity
-initialisation for ``!``, statements in order, padding by domain, bounds-checked gathers, C
-conversions, and floor ``/`` and ``%`` on integers.
+Each statement runs on the points of its domain: the ``where`` box is first narrowed to the
+points where its affine in-bounds guards can hold (interval reasoning over the subscripts, exact
+for single-index subscripts), then split into chunks of at most ``CHUNK`` points, each narrowed
+again, so the cost follows the points that run rather than the box. A chunk is evaluated with
+numpy term by term, every operation in the written order and rounded in its type, as the compiled
+code does; the remaining guards mask what they exclude. Contractions (sums of products of affine
+reads) go to ``np.einsum`` over strided views only when their operands are finite and bounded so
+that no grouping of the products can overflow, where any order gives the same non-finite pattern
+(none). Semantics are the language's: identity initialisation for ``!``, statements in order,
+padding by domain, bounds-checked gathers, C conversions, and floor ``/`` and ``%`` on integers.
 """
 
 from __future__ import annotations
@@ -16,18 +21,21 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as T
-from .affine import Sym, Var
+from .affine import FloorDiv, Sym, Var, bounds
 from .checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, reads
-from .errors import TcRuntimeError
-from .instance import BoundStmt, Instance
+from .errors import TcRangeError, TcRuntimeError
+from .instance import BoundStmt, Guard, Instance
 
 CHUNK = 1 << 21
+ROUNDS = 64  # narrowing passes over the guards per box (each pass only shrinks it; a cap for slow fixpoints)
 _REDUCE = {"+": np.add, "*": np.multiply, "min": np.minimum, "max": np.maximum}
+
+Box = tuple[tuple[str, int, int], ...]  # (index, lo, hi) half-open, in box order: lhs then reductions
 
 
 def run(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Execute every statement; returns the outputs by name (fresh C-contiguous arrays)."""
-    arrays: dict[str, np.ndarray] = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+    arrays: dict[str, np.ndarray] = {k: np.asarray(v, order="C") for k, v in inputs.items()}  # rank 0 stays 0
     c = inst.checked
     for t in (*c.outputs, *c.temps):
         arrays[t.name] = np.zeros(inst.shapes[t.name], dtype=t.dtype)
@@ -40,16 +48,32 @@ def run(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _statement(bs: BoundStmt, arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
     s = bs.stmt
     out = arrays[s.tensor]
-    nl = len(s.lhs)
-    region = tuple(slice(0, hi) for _, _, hi in bs.ranges[:nl])
     if s.init:
-        out[region] = T.identity(s.op, out.dtype.name)
+        out[_region(bs.ranges[: len(s.lhs)], from_zero=True)] = T.identity(s.op, out.dtype.name)
     if 0 in bs.shape:
         return
-    if s.op == "+" and not bs.guards and _einsum(bs, arrays, sizes, _view_of(out, region)):
+    box = _narrow(bs.ranges, bs.guards)
+    if box is None:
         return
-    for chunk in _chunks(bs.ranges):
-        _chunk(bs, chunk, arrays, sizes, out)
+    _check_index_width(bs, box)
+    if s.op == "+" and not _live(bs.guards, box) and _einsum(bs, box, arrays, sizes, out):
+        return
+    for chunk, guards in _chunks(box, bs.guards):
+        _chunk(bs, chunk, guards, arrays, sizes, out)
+
+
+def _check_index_width(bs: BoundStmt, box: Box) -> None:
+    """Indices are 64-bit integers, as in the generated code: a range reaching past them is an error."""
+    top = int(np.iinfo(np.int64).max)
+    for name, lo, hi in box:
+        if lo < -top or hi > top:
+            raise TcRangeError(f"index '{name}' of {bs.stmt.describe()} ranges over {lo}:{hi}, outside the 64-bit "
+                               f"integer range of indices", bs.stmt.span.location())
+
+
+def _region(box: Box, from_zero: bool = False) -> tuple[slice, ...]:
+    """The slices of ``box`` (``0:hi`` with ``from_zero``: the span that ``!`` fills)."""
+    return tuple(slice(0 if from_zero else lo, hi) for _, lo, hi in box)
 
 
 def _view_of(out: np.ndarray, region: tuple[slice, ...]) -> np.ndarray:
@@ -57,52 +81,119 @@ def _view_of(out: np.ndarray, region: tuple[slice, ...]) -> np.ndarray:
     return out[region] if region else out
 
 
-def _chunks(ranges: tuple[tuple[str, int, int], ...]) -> Iterator[list[tuple[int, int]]]:
-    box = [(lo, hi) for _, lo, hi in ranges]
+# ---- the domain: narrowing the box to where the guards can hold ------------------------------------
+
+
+def _narrow(box: Box, guards: tuple[Guard, ...]) -> Box | None:
+    """The sub-box of ``box`` that keeps every point where all ``guards`` hold (``0 <= sub <
+    extent``), found by interval reasoning repeated until nothing changes; None when no point can
+    satisfy them. Exact when each subscript has one index; otherwise a box around the domain."""
+    cur = {name: (lo, hi) for name, lo, hi in box}
+    for _ in range(ROUNDS):
+        before = dict(cur)
+        for g in guards:
+            if not _constrain(g.sub, 0, g.extent - 1, cur):
+                return None
+        if cur == before:
+            break
+    return tuple((name, *cur[name]) for name, _, _ in box)
+
+
+def _constrain(s: Sym, lo: int, hi: int, cur: dict[str, tuple[int, int]]) -> bool:
+    """Shrink the ranges in ``cur`` to those points that may have ``lo <= s <= hi``: each term's
+    atom is bounded by what the rest of ``s`` can reach; an index atom's range is cut to that, a
+    floor division passes the bound on to its numerator. False when no point is left."""
+    if not s.terms:
+        return lo <= s.const <= hi
+    for atom, c in s.terms:
+        rlo, rhi = bounds(s.without(atom), _syms(cur))
+        if not (rlo.is_const() and rhi.is_const()):
+            continue
+        alo, ahi = _solve(lo - rhi.const, hi - rlo.const, c)  # lo - rhi <= c * atom <= hi - rlo
+        if alo > ahi:
+            return False
+        if isinstance(atom, Var) and atom.name in cur:
+            a, b = cur[atom.name]
+            a, b = max(a, alo), min(b, ahi + 1)
+            if a >= b:
+                return False
+            cur[atom.name] = (a, b)
+        elif isinstance(atom, FloorDiv) and not _constrain(atom.num, alo * atom.den, ahi * atom.den + atom.den - 1,
+                                                           cur):
+            return False
+    return True
+
+
+def _solve(lo: int, hi: int, c: int) -> tuple[int, int]:
+    """The integers ``x`` with ``lo <= c * x <= hi`` (``c != 0``), as an inclusive range."""
+    if c < 0:
+        lo, hi, c = -hi, -lo, -c
+    return -(-lo // c), hi // c
+
+
+def _syms(cur: dict[str, tuple[int, int]]) -> dict[str, tuple[Sym, Sym]]:
+    return {name: (Sym.of(lo), Sym.of(hi)) for name, (lo, hi) in cur.items()}
+
+
+def _live(guards: tuple[Guard, ...], box: Box) -> tuple[Guard, ...]:
+    """The guards that may fail somewhere in ``box`` (the others hold at every point of it)."""
+    ranges = {name: (Sym.of(lo), Sym.of(hi)) for name, lo, hi in box}
+    out = []
+    for g in guards:
+        lo, hi = bounds(g.sub, ranges)
+        if not (lo.is_const() and hi.is_const() and lo.const >= 0 and hi.const < g.extent):
+            out.append(g)
+    return tuple(out)
+
+
+def _chunks(box: Box, guards: tuple[Guard, ...]) -> Iterator[tuple[Box, tuple[Guard, ...]]]:
+    """Sub-boxes of at most ``CHUNK`` points covering the domain in ``box``, each narrowed to its
+    guards and paired with the guards that may still fail in it; boxes without points are dropped."""
     stack = [box]
     while stack:
-        b = list(stack.pop())
-        if math.prod(hi - lo for lo, hi in b) <= CHUNK:
-            yield b
+        b = _narrow(stack.pop(), guards)
+        if b is None:
             continue
-        k = next(i for i, (lo, hi) in enumerate(b) if hi - lo > 1)
-        lo, hi = b[k]
+        if math.prod(hi - lo for _, lo, hi in b) <= CHUNK:
+            yield b, _live(guards, b)
+            continue
+        k = next(i for i, (_, lo, hi) in enumerate(b) if hi - lo > 1)
+        name, lo, hi = b[k]
         mid = (lo + hi) // 2
-        stack.append(b[:k] + [(mid, hi)] + b[k + 1:])
-        stack.append(b[:k] + [(lo, mid)] + b[k + 1:])
+        stack.append((*b[:k], (name, mid, hi), *b[k + 1:]))
+        stack.append((*b[:k], (name, lo, mid), *b[k + 1:]))
 
 
-def _chunk(bs: BoundStmt, chunk: list[tuple[int, int]], arrays: dict[str, np.ndarray], sizes: dict[str, int],
-           out: np.ndarray) -> None:
+# ---- one chunk, term by term ---------------------------------------------------------------------
+
+
+def _chunk(bs: BoundStmt, chunk: Box, guards: tuple[Guard, ...], arrays: dict[str, np.ndarray],
+           sizes: dict[str, int], out: np.ndarray) -> None:
     s = bs.stmt
     n = len(chunk)
     env: dict[str, Any] = dict(sizes)
-    for axis, ((name, _, _), (lo, hi)) in enumerate(zip(bs.ranges, chunk)):
+    for axis, (name, lo, hi) in enumerate(chunk):
         axis_shape = [1] * n
         axis_shape[axis] = hi - lo
         env[name] = np.arange(lo, hi, dtype=np.int64).reshape(axis_shape)
     mask = None
-    for g in bs.guards:
+    for g in guards:
         v = g.sub.eval(env)
         ok = (v >= 0) & (v < g.extent)
         mask = ok if mask is None else mask & ok
-    ev = _Eval(bs, arrays, env, clip=bool(bs.guards))
-    vals = np.asarray(ev.value(s.rhs, mask))
-    shape = tuple(hi - lo for lo, hi in chunk)
-    vals = np.broadcast_to(vals.astype(out.dtype, copy=False), shape)
+    ev = _Eval(bs, arrays, env, clip=bool(guards))
+    shape = tuple(hi - lo for _, lo, hi in chunk)
+    vals = np.broadcast_to(ev.value(s.rhs, mask).astype(out.dtype, copy=False), shape)
     nl = len(s.lhs)
-    region = tuple(slice(lo, hi) for lo, hi in chunk[:nl])
+    target = _view_of(out, _region(chunk[:nl]))
     if s.op == "=":
-        if mask is None:
-            out[region] = vals
-        else:
-            np.copyto(_view_of(out, region), vals, where=np.broadcast_to(mask, shape))
+        np.copyto(target, vals, where=True if mask is None else np.broadcast_to(mask, shape))
         return
     uf = _REDUCE[s.op]
     if mask is not None:
         vals = np.where(mask, vals, np.asarray(T.identity(s.op, out.dtype.name), dtype=out.dtype))
     part = uf.reduce(vals, axis=tuple(range(nl, n))) if n > nl else vals
-    out[region] = uf(out[region], part)
+    target[...] = uf(target, part)
 
 
 class _Eval:
@@ -250,22 +341,24 @@ def _call(fn: str, args: list[Any], dtype: str) -> Any:
 # ---- contraction fast path ---------------------------------------------------------------------
 
 
-def _einsum(bs: BoundStmt, arrays: dict[str, np.ndarray], sizes: dict[str, int], target: np.ndarray) -> bool:
-    """``target op= sum of a product of affine reads`` through einsum on strided views; False when
-    the statement is not such a contraction."""
+def _einsum(bs: BoundStmt, box: Box, arrays: dict[str, np.ndarray], sizes: dict[str, int],
+            out: np.ndarray) -> bool:
+    """``out[box] += sum of a product of affine reads`` through einsum on strided views, when
+    einsum's grouping of the products cannot change the result's non-finite values (see
+    ``_tame``); False when the statement is not such a contraction or its data is not tame."""
     s = bs.stmt
     factors: list[TExpr] = []
     if not _product(s.rhs, factors):
         return False
-    dtype = target.dtype.name
+    dtype = out.dtype.name
     rs = reads(s.rhs)
     if len(rs) != len([f for f in factors if isinstance(f, Read)]) or len(rs) > 8:
         return False
-    letters = {name: chr(ord("a") + i) for i, (name, _, _) in enumerate(bs.ranges)}
+    letters = {name: chr(ord("a") + i) for i, (name, _, _) in enumerate(box)}
     if len(letters) > 26:
         return False
-    lo = {name: lo for name, lo, _ in bs.ranges}
-    ext = {name: hi - lo for name, lo, hi in bs.ranges}
+    lo = {name: lo for name, lo, _ in box}
+    ext = {name: hi - lo for name, lo, hi in box}
     consts = {k: Sym.of(v) for k, v in sizes.items()}
     ops: list[np.ndarray] = []
     specs: list[str] = []
@@ -285,13 +378,46 @@ def _einsum(bs: BoundStmt, arrays: dict[str, np.ndarray], sizes: dict[str, int],
         specs.append("".join(letters[a] for a in axes))
     used = set("".join(specs))
     out_spec = "".join(letters[i] for i in s.lhs)
-    if not ops or not set(out_spec) <= used or len(used) != len(bs.ranges):
+    if not ops or not set(out_spec) <= used or len(used) != len(box):
+        return False
+    terms = math.prod(ext[name] for name in ext if name not in s.lhs)
+    if not _tame(factors, arrays, scale, terms, dtype):
         return False
     res = np.einsum(",".join(specs) + "->" + out_spec, *ops, optimize=True)
     if scale != 1.0:
         res = res * np.asarray(scale, dtype=dtype)
+    target = _view_of(out, _region(box[: len(s.lhs)]))
     target += res.astype(dtype, copy=False)
     return True
+
+
+def _tame(factors: list[TExpr], arrays: dict[str, np.ndarray], scale: float, terms: int, dtype: str) -> bool:
+    """Whether every grouping of the contraction gives the same non-finite values as the compiled
+    code's term-by-term evaluation (products in the written order, then the sum): true for
+    integers (wrapping sums are exact in any order), and for floats when every factor's tensor is
+    finite and the product of the factors' largest magnitudes, times the number of terms, stays
+    far below the type's largest value: then no product or partial sum, however grouped, can
+    overflow, and both results are finite. Otherwise the statement runs term by term."""
+    if not T.is_float(dtype):
+        return True
+    if not math.isfinite(scale):
+        return False
+    bound = float(terms) * max(1.0, abs(scale))
+    for f in factors:
+        if isinstance(f, Read):
+            m = _magnitude(arrays[f.tensor])
+            if not math.isfinite(m):
+                return False
+            bound *= max(1.0, m)
+    return bound <= float(np.finfo(dtype).max) / 4
+
+
+def _magnitude(a: np.ndarray) -> float:
+    """The largest ``|x|`` in ``a`` (0 when empty; inf or nan when ``a`` holds a non-finite value)."""
+    if a.size == 0:
+        return 0.0
+    hi, lo = float(a.max()), float(a.min())  # nan when ``a`` holds one
+    return math.nan if math.isnan(hi) or math.isnan(lo) else max(abs(hi), abs(lo))
 
 
 def _product(e: TExpr, out: list[TExpr]) -> bool:
