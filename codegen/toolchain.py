@@ -93,10 +93,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass  # SIGKILLed; the zombie is reaped by Popen's own bookkeeping later
 
 
+def _probe_timeout() -> float:
+    return min(PROBE_TIMEOUT_S, knobs.compile_timeout())
+
+
 @functools.cache
 def compiler_version(cc: tuple[str, ...]) -> str:
     try:
-        _, out, _ = run_tool([*cc, "--version"], min(PROBE_TIMEOUT_S, knobs.compile_timeout()))
+        _, out, _ = run_tool([*cc, "--version"], _probe_timeout())
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TcCompileError(f"the C compiler {' '.join(cc)!r} cannot be run: {e}") from None
     return out.strip()
@@ -108,7 +112,7 @@ def cpu_target(cc: tuple[str, ...]) -> str:
     turns on (``-Q --help=target``), so that a cache shared between machines never hands one CPU's
     build to another. Compilers without that query (clang) fall back to the kernel's CPU flags."""
     try:
-        code, out, _ = run_tool([*cc, *FLAGS[:2], "-Q", "--help=target"], min(PROBE_TIMEOUT_S, knobs.compile_timeout()))
+        code, out, _ = run_tool([*cc, "-march=native", "-Q", "--help=target"], _probe_timeout())
     except (OSError, subprocess.TimeoutExpired):
         code, out = 1, ""
     opts = []
