@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from . import ast as A
+from . import dtypes as T
 from .affine import Sym
 
 
@@ -85,7 +86,8 @@ class Convert(TExpr):
 
 
 def convert(e: TExpr, dtype: str) -> TExpr:
-    """``e`` as ``dtype``: constants are folded, no-op conversions dropped."""
+    """``e`` as ``dtype``: constants are folded (an integer wraps into a narrower integer type, as
+    C converts), no-op conversions dropped."""
     if e.dtype == dtype:
         return e
     if isinstance(e, Const):
@@ -96,8 +98,15 @@ def convert(e: TExpr, dtype: str) -> TExpr:
             return Const(dtype, float(v))
         if isinstance(v, float):
             return Convert(dtype, e)
-        return Const(dtype, int(v))
+        return Const(dtype, wrap(int(v), dtype))
     return Convert(dtype, e)
+
+
+def wrap(v: int, dtype: str) -> int:
+    """``v`` converted to the integer type ``dtype`` (two's complement, modulo 2**bits)."""
+    bits = T.bits(dtype)
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if not T.is_unsigned(dtype) and v >> (bits - 1) else v
 
 
 def reads(e: TExpr) -> list[Read]:

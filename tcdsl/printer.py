@@ -46,10 +46,18 @@ def expr(e: A.Expr) -> str:
     if isinstance(e, A.Cast):
         return f"{e.type}({expr(e.arg)})"
     if isinstance(e, A.Unary):
-        return e.op + _wrap(e.arg, _UNARY_PREC)
+        ops = []
+        while isinstance(e, A.Unary):  # a run of unary operators, without recursion
+            ops.append(e.op)
+            e = e.arg
+        return "".join(ops) + _wrap(e, _UNARY_PREC)
     if isinstance(e, A.Binary):
         p = _BINARY_PREC[e.op]
-        return f"{_wrap(e.lhs, p)} {e.op} {_wrap(e.rhs, p + 1)}"
+        rest = []
+        while isinstance(e, A.Binary) and _BINARY_PREC[e.op] == p:  # a left-nested run, without recursion
+            rest.append(f" {e.op} {_wrap(e.rhs, p + 1)}")
+            e = e.lhs
+        return _wrap(e, p) + "".join(reversed(rest))
     if isinstance(e, A.Ternary):
         return f"{_wrap(e.cond, 2)} ? {expr(e.then)} : {_wrap(e.other, 1)}"
     raise TypeError(f"not an expression: {e!r}")

@@ -45,6 +45,11 @@ BUILTINS: dict[str, tuple[int, str]] = {
 }
 _ARITH = {"+", "-", "*", "/", "%"}
 _CMP = {"==", "!=", "<", "<=", ">", ">="}
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+CHAIN = 64  # chains of more terms than this are typed iteratively and summed (multiplied, ...) pairwise
+_LEVEL = {"+": frozenset("+-"), "-": frozenset("+-"), "*": frozenset("*"), "&&": frozenset(("&&",)),
+          "||": frozenset(("||",))}
 
 
 def _err(cls, msg: str, span: A.Span):
@@ -102,7 +107,8 @@ class _DefChecker:
                 raise _err(TcSemanticError, f"parameter '{p.name.name}' is declared twice in {self.what_def}",
                            p.name.span)
             names[p.name.name] = p.name.span
-            dims = tuple(self._dim(dim) for dim in (p.dims or ()))
+            dims = tuple(self._dim(dim, p.name.name) for dim in (p.dims or ()))
+            self._check_elements(p.name.name, p.type, dims, p.span)
             t = Tensor(p.name.name, p.type, dims, "input", p.span)
             self.inputs[t.name] = t
             self.shaped[t.name] = t
@@ -125,14 +131,33 @@ class _DefChecker:
                     if dim.name is not None and dim.name not in self.sizes:
                         raise _err(TcSemanticError, f"size symbol '{dim.name}' of output '{n}' is not a size of any "
                                    f"input of {self.what_def}", dim.span)
-                    out_dims.append(Sym.var(dim.name, "size") if dim.name is not None else Sym.of(dim.value or 0))
+                    out_dims.append(Sym.var(dim.name, "size") if dim.name is not None else self._literal_dim(dim, n))
+                self._check_elements(n, o.type, out_dims, o.span)
                 self.shaped[n] = Tensor(n, o.type, tuple(out_dims), "output", o.span)
 
-    def _dim(self, dim: A.Dim) -> Sym:
+    def _dim(self, dim: A.Dim, tensor: str) -> Sym:
         if dim.name is None:
-            return Sym.of(dim.value or 0)
+            return self._literal_dim(dim, tensor)
         self.sizes.setdefault(dim.name, dim.span)
         return Sym.var(dim.name, "size")
+
+    def _literal_dim(self, dim: A.Dim, tensor: str) -> Sym:
+        v = dim.value or 0
+        if v > INT64_MAX:
+            raise _err(TcTypeError, f"dim {_show_int(v)} of '{tensor}' does not fit in int64, the type of sizes",
+                       dim.span)
+        return Sym.of(v)
+
+    def _check_elements(self, name: str, dtype: str, dims: list[Sym] | tuple[Sym, ...], span: A.Span) -> None:
+        """Literal dims whose product (in bytes) overflows int64 can never be allocated."""
+        consts = [d.const for d in dims if d.is_const()]
+        count = 1
+        for c in consts:
+            count *= c
+        nbytes = count * T.np_dtype(dtype).itemsize
+        if nbytes > INT64_MAX:
+            raise _err(TcTypeError, f"'{name}' is declared with {' * '.join(map(str, consts))} elements of "
+                       f"{dtype}, {nbytes} bytes, past the int64 range of sizes", span)
 
     # ---- whole def ----
     def run(self) -> CheckedDef:
@@ -247,8 +272,11 @@ class _DefChecker:
 
     # ---- size expressions (where ranges) ----
     def _size_expr(self, e: A.Expr) -> Sym:
+        return _fits(self._size_expr_of(e), e, "range bound")
+
+    def _size_expr_of(self, e: A.Expr) -> Sym:
         if isinstance(e, A.Num) and not e.is_float:
-            return Sym.of(int(e.value))
+            return Sym.of(_int_literal(e))
         if isinstance(e, A.Name):
             if e.name in self.sizes:
                 return Sym.var(e.name, "size")
@@ -283,7 +311,7 @@ class _DefChecker:
     def _affine(self, e: A.Expr, scope: _Scope) -> Sym | None:
         """A quasi-affine Sym for ``e``, or None if it is not one (then it may be a gather)."""
         if isinstance(e, A.Num):
-            return None if e.is_float else Sym.of(int(e.value))
+            return None if e.is_float else Sym.of(_int_literal(e))
         if isinstance(e, A.Name):
             n = e.name
             if n in scope.lets:
@@ -305,7 +333,7 @@ class _DefChecker:
                 return None
             if e.op in "/%" and not (b.is_const() and b.const > 0):
                 return None
-            return self._affine_op(e, a, b)
+            return _fits(self._affine_op(e, a, b), e, "subscript")
         return None
 
     def _with_let(self, n: str, scope: _Scope, fn):
@@ -360,13 +388,15 @@ class _DefChecker:
         if isinstance(e, A.Num):
             if e.is_float:
                 return Const(T.FLOAT_LITERAL, float(e.value))
-            v = int(e.value)
+            v = _int_literal(e)
             return Const(T.INT_LITERAL if v < 2**31 else "int64", v)
         if isinstance(e, A.Name):
             return self._name(e, scope)
         if isinstance(e, A.Apply):
             return self._apply(e, scope)
         if isinstance(e, A.Cast):
+            if e.type == "uint64" and isinstance(e.arg, A.Num) and not e.arg.is_float:
+                return Const("uint64", _int_literal(e.arg, UINT64_MAX, "uint64"))
             return convert(self._expr(e.arg, scope), e.type)
         if isinstance(e, A.Unary):
             a = self._expr(e.arg, scope)
@@ -376,6 +406,9 @@ class _DefChecker:
             a = convert(a, t)
             return a if e.op == "+" else Unop(t, "-", a)
         if isinstance(e, A.Binary):
+            chain = _chain(e)
+            if chain is not None:
+                return self._chain(e, chain[0], chain[1], scope)
             a = self._expr(e.lhs, scope)
             if e.op in ("&&", "||"):
                 b = self._branch(e.rhs, scope)
@@ -390,6 +423,31 @@ class _DefChecker:
             t = T.promote(a.dtype, b.dtype) if a.dtype != b.dtype else a.dtype
             return Select(t, c, convert(a, t), convert(b, t))
         raise TypeError(e)
+
+    def _chain(self, e: A.Binary, first: A.Expr, rest: list[tuple[str, A.Expr]], scope: _Scope) -> TExpr:
+        """A long left-nested run of one operator level (``a + b - c + ...``, ``a * b * ...``,
+        ``a && b && ...``), typed term by term in source order and combined as a balanced tree.
+
+        This is exact where the operator is: ``&&`` and ``||`` (short-circuit, left to right, as
+        written), and integer ``+ - *`` (wrapping arithmetic is associative). The run is cut where
+        C's conversions change the running type, so every operation runs in the type it has when
+        written left to right. Float sums and products are computed pairwise (as numpy sums),
+        which differs from left to right only by rounding."""
+        if e.op in ("&&", "||"):
+            terms = [convert(self._expr(first, scope), "bool")]
+            terms += [convert(self._branch(x, scope), "bool") for _, x in rest]
+            return _balance([(False, t) for t in terms], "bool", e.op, e.span)[1]
+        head = self._expr(first, scope)
+        items: list[tuple[bool, TExpr]] = [(False, head)]
+        t = head.dtype
+        for op, x in rest:
+            term = self._expr(x, scope)
+            wider = T.promote(t, term.dtype)
+            if wider != t:
+                items = [(False, _balance(items, t, e.op, e.span)[1])]
+                t = wider
+            items.append((op == "-", term))
+        return _balance(items, t, e.op, e.span)[1]
 
     def _branch(self, e: A.Expr, scope: _Scope) -> TExpr:
         """Type an expression evaluated only on some points: its reads become conditional."""
@@ -436,6 +494,62 @@ class _DefChecker:
         elif t == "bool" or (T.is_int(t) and T.bits(t) < 32):
             t = "int32"
         return Call(t, e.name, tuple(convert(a, t) for a in args))
+
+
+def _show_int(v: int) -> str:
+    text = str(v)
+    return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]} ({len(text)} digits)"
+
+
+def _int_literal(e: A.Num, limit: int = INT64_MAX, widest: str = "int64") -> int:
+    """The value of an integer literal, which must fit in int64 (its type is int32, or int64 when
+    larger, as in C) or in ``widest`` where a cast gives it that type."""
+    v = int(e.value)
+    if v > limit:
+        raise _err(TcTypeError, f"integer literal {_show_int(v)} does not fit in {widest} (at most {limit})", e.span)
+    return v
+
+
+def _fits(s: Sym, e: A.Expr, what: str) -> Sym:
+    """``s`` (computed from ``e``) with every coefficient and constant in the int64 range."""
+    for c in (s.const, *(c for _, c in s.terms)):
+        if abs(c) > INT64_MAX:
+            raise _err(TcTypeError, f"{what} '{print_expr(e)}' has the constant {_show_int(c)}, which does not fit "
+                       f"in int64", A.span_of(e))
+    return s
+
+
+def _chain(e: A.Binary) -> tuple[A.Expr, list[tuple[str, A.Expr]]] | None:
+    """A left-nested run of more than CHAIN operators of ``e``'s level, as its first operand and
+    the (operator, operand) pairs after it in source order; None for shorter runs."""
+    level = _LEVEL.get(e.op)
+    if level is None or not (isinstance(e.lhs, A.Binary) and e.lhs.op in level):
+        return None
+    rest: list[tuple[str, A.Expr]] = []
+    node: A.Expr = e
+    while isinstance(node, A.Binary) and node.op in level:
+        rest.append((node.op, node.rhs))
+        node = node.lhs
+    if len(rest) <= CHAIN:
+        return None
+    rest.reverse()
+    return node, rest
+
+
+def _balance(items: list[tuple[bool, TExpr]], t: str, op: str, span: A.Span) -> tuple[bool, TExpr]:
+    """Combine ``items`` (negated?, term) with ``op`` in type ``t`` as a balanced tree; returns
+    (negated?, value). For sums, -a + -b is -(a + b), a + -b is a - b and -a + b is b - a, so no
+    negation is ever computed (the first item, never negated, keeps every group it joins positive)."""
+    if len(items) == 1:
+        neg, x = items[0]
+        return neg, convert(x, t)
+    mid = len(items) // 2
+    (na, a), (nb, b) = _balance(items[:mid], t, op, span), _balance(items[mid:], t, op, span)
+    if op in ("+", "-"):
+        if na == nb:
+            return na, Binop(t, "+", a, b, span)
+        return False, Binop(t, "-", a, b, span) if nb else Binop(t, "-", b, a, span)
+    return False, Binop(t, op, a, b, span)
 
 
 def _contains_read(e: TExpr) -> bool:
