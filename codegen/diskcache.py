@@ -74,8 +74,9 @@ def _make_private(root: Path, sub: str) -> Path:
     return d
 
 
-def _mkdir_private(path: Path) -> None:
-    """Create ``path`` and the parents it lacks, each 0700 whatever the umask."""
+def mkdir_private(path: Path) -> None:
+    """Create ``path`` and the parents it lacks, each 0700 whatever the umask (``OSError`` when one
+    cannot be made). For every directory tcdsl keeps state in (kernels, tuning database)."""
     missing = []
     p = path
     while not os.path.lexists(p) and p != p.parent:
@@ -86,9 +87,14 @@ def _mkdir_private(path: Path) -> None:
             os.mkdir(p, 0o700)
         except FileExistsError:
             continue  # another process made it: its mode is checked like any existing directory's
-        except OSError as e:
-            raise UnsafeDir(f"{p} cannot be created ({e.strerror or e})") from None
         os.chmod(p, 0o700)  # a umask such as 0o277 strips bits from mkdir's mode, never adds any
+
+
+def _mkdir_private(path: Path) -> None:
+    try:
+        mkdir_private(path)
+    except OSError as e:
+        raise UnsafeDir(f"{e.filename or path} cannot be created ({e.strerror or e})") from None
 
 
 def _check_private(p: Path) -> None:
