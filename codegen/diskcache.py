@@ -24,9 +24,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from tcdsl import knobs
 from tcdsl.errors import TcCompileError, TcWarning
 
-STALE_S = 1800.0  # a temporary this old belongs to no live build (the default compile timeout is 600 s)
+STALE_S = 1800.0  # a temporary this old belongs to no live build (unless compiles may take longer, see _stale)
 RECORD_SUFFIX = ".sha256"
 RECORD_MAX = 4096  # bytes of a record file read at most
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]  # temporaries name their host...
@@ -53,13 +54,16 @@ def private_dir(root: Path, sub: str) -> Path:
         d = _make_private(root, sub)
     except UnsafeDir as e:
         d = _fallback_dir(root, str(e)) / sub
-        _mkdir_private(d)
+        try:
+            mkdir_private(d)
+        except OSError as e2:
+            raise TcCompileError(f"cannot use the private kernel cache {d}: {e2}") from None
     _open_once(d)
     return d
 
 
 def _uid() -> int:
-    return os.getuid()
+    return os.geteuid()  # the owner of the files this process creates
 
 
 def _make_private(root: Path, sub: str) -> Path:
@@ -180,7 +184,7 @@ def remove_stale(d: Path, now: float | None = None) -> list[str]:
 
 
 def _stale(name: str, mtime: float, now: float) -> bool:
-    if now - mtime > STALE_S:
+    if now - mtime > max(STALE_S, 2 * knobs.compile_timeout()):
         return True
     m = _TEMP.match(name)
     return bool(m) and m.group(1) == _HOST and not _alive(int(m.group(2)))
