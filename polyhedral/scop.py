@@ -39,7 +39,7 @@ class Scop:
     writes: isl.UnionMap = field(compare=False)
     order: isl.UnionMap = field(compare=False)
     context: isl.Set = field(compare=False)
-    general: Scop | None = field(default=None, compare=False)  # the same model for every size >= 1
+    general: Scop | None = field(default=None, compare=False)  # the same model for every size >= 1 (>= 0)
 
     def stmt(self, name: str) -> ScopStmt:
         return next(s for s in self.stmts if s.name == name)
@@ -68,21 +68,20 @@ def build_scop(inst: Instance, parametric: bool = False) -> Scop:
     (the default; ``general`` then holds the same model for every size of at least 1, which the
     scheduler uses) or free (``parametric=True``, sizes of at least 1).
 
-    A call with a zero size lies outside the general model (its context has every size >= 1, and
-    the fixed model built from it would lose every statement, the initialisations of the ``!``
-    forms too, whose domains need not be empty). Its fixed model is built over sizes >= 0 and has
-    no ``general``: it is scheduled on its own."""
-    general = _build(inst)
+    A call with a zero size lies outside that general model (its context has every size >= 1,
+    and the fixed model cut from it would lose every statement, the initialisations of the ``!``
+    forms too, whose domains need not be empty): its fixed and general models are built over
+    every size >= 0."""
     if parametric:
-        return general
+        return _build(inst)
+    general = _build(inst, least=1 if all(v >= 1 for v in inst.sizes.values()) else 0)
     qs = _bound_params(inst)
     values = [f"p_{k} = {v}" for k, v in inst.sizes.items()]
     values += [f"{q} = {Sym.of(a).eval(inst.sizes)}" for a, q in qs.items()]
     fixed = isl.Set(_params(inst, qs) + "{ : " + (" and ".join(values) or "true") + " }")
-    whole = general if all(v >= 1 for v in inst.sizes.values()) else _build(inst, least=0)
-    return Scop(inst, False, whole.stmts, whole.arrays, whole.domain.intersect_params(fixed),
-                whole.reads.intersect_params(fixed), whole.writes.intersect_params(fixed),
-                whole.order.intersect_params(fixed), fixed, general if whole is general else None)
+    return Scop(inst, False, general.stmts, general.arrays, general.domain.intersect_params(fixed),
+                general.reads.intersect_params(fixed), general.writes.intersect_params(fixed),
+                general.order.intersect_params(fixed), fixed, general)
 
 
 def _params(inst: Instance, qs: dict[Atom, str]) -> str:

@@ -159,7 +159,8 @@ class CudaKernel:
         c = self.inst.checked
         arrays: dict[str, Any] = {}
         for t in c.inputs:
-            arrays[t.name] = cp.ascontiguousarray(cp.asarray(inputs[t.name]), dtype=_device_dtype(t.dtype))
+            a = cp.ascontiguousarray(cp.asarray(inputs[t.name]), dtype=_device_dtype(t.dtype))
+            arrays[t.name] = a if a.size else cp.zeros(1, dtype=a.dtype)  # see EMPTY_BYTES
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
             alloc = cp.empty if t.name in self.unwritten_ok else cp.zeros
