@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import itertools
 import os
 import platform
 import re
@@ -33,7 +34,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fn
 PROBE_TIMEOUT_S = 60.0  # the compiler's --version and target queries
 STEM_MAX = 40  # characters of the def's name kept in file names (the key covers the whole name)
 _loaded: dict[str, ctypes.CDLL] = {}  # sha256 of the bytes loaded -> library: never stale
-_memfds: list[int] = []  # descriptors of the memory files loaded (see _dlopen_bytes)
+_loads = itertools.count()  # names of the files loaded (see _dlopen_bytes)
 BUILDS = 0  # compiler invocations in this process (on-disk cache misses)
 _lock = threading.Lock()
 
@@ -242,45 +243,26 @@ def load(b: Built) -> ctypes.CDLL:
     with _lock:
         lib = _loaded.get(b.sha256)
         if lib is None:
-            lib = _dlopen_bytes(b.data, b.path.name)
+            lib = _dlopen_bytes(b.data, b.path.parent)
             _loaded[b.sha256] = lib
     if b.symbol and not hasattr(lib, b.symbol):
         raise _Unusable(f"{b.path} does not export its entry {b.symbol}")
     return lib
 
 
-def _dlopen_bytes(data: bytes, name: str) -> ctypes.CDLL:
+def _dlopen_bytes(data: bytes, directory: Path) -> ctypes.CDLL:
     """Load exactly ``data``, the bytes whose hash was checked. Loading by the cache path would let a
-    file swapped in after the check run instead, so the bytes go to an anonymous memory file
-    (``memfd_create``) that no other process can reach, loaded through ``/proc/self/fd``. Its
-    descriptor stays open for the life of the process: the dynamic loader matches libraries by
-    name, and a reused descriptor number would hand back the library loaded before under that
-    name. Where memory files are missing (or descriptors run out), a private copy is loaded."""
+    file swapped in after the check run instead; so the bytes are copied to a fresh file in the
+    private cache directory (no other user can replace it between the write and the load), removed
+    once loaded. Its name is new to this process: the dynamic loader matches libraries by name, and a
+    reused one would hand back the library loaded before under it (which rules out loading a
+    ``memfd`` through ``/proc/self/fd/N`` and closing it: N comes back)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{diskcache.temp_prefix()}load{next(_loads)}-", suffix=".so")
     try:
-        fd = os.memfd_create(name, getattr(os, "MFD_CLOEXEC", 0))
-    except (AttributeError, OSError):
-        return _dlopen_private_copy(data, name)
-    try:
-        with open(fd, "wb", closefd=False) as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
-        path = f"/proc/self/fd/{fd}"
-        if not os.path.exists(path):
-            os.close(fd)
-            return _dlopen_private_copy(data, name)
-        lib = ctypes.CDLL(path)
+        return ctypes.CDLL(tmp)  # the mapping outlives the file
     except OSError as e:
-        os.close(fd)
         raise _Unusable(str(e)) from None
-    _memfds.append(fd)
-    return lib
-
-
-def _dlopen_private_copy(data: bytes, name: str) -> ctypes.CDLL:
-    with tempfile.TemporaryDirectory(prefix="tcdsl-load-") as d:  # 0700, a name never loaded before
-        path = os.path.join(d, name)
-        with open(path, "wb") as f:
-            f.write(data)
-        try:
-            return ctypes.CDLL(path)  # the mapping outlives the file
-        except OSError as e:
-            raise _Unusable(str(e)) from None
+    finally:
+        os.unlink(tmp)

@@ -88,9 +88,9 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = toolchain._dlopen_bytes
 
-    def spy(data: bytes, name: str):  # type: ignore[no-untyped-def]
+    def spy(data: bytes, directory: Path):  # type: ignore[no-untyped-def]
         seen.append(hashlib.sha256(data).hexdigest())
-        return real(data, name)
+        return real(data, directory)
 
     monkeypatch.setattr(toolchain, "_dlopen_bytes", spy)
     return seen
