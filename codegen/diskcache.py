@@ -164,7 +164,7 @@ def remove_stale(d: Path, now: float | None = None) -> list[str]:
     """Remove the temporaries in ``d`` whose builder is dead (same host, pid gone) or that are older
     than ``STALE_S``; every hidden file there is a temporary. Returns the names removed."""
     now = time.time() if now is None else now
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(d))
     except OSError:
@@ -187,7 +187,7 @@ def _stale(name: str, mtime: float, now: float) -> bool:
     if now - mtime > max(STALE_S, 2 * knobs.compile_timeout()):
         return True
     m = _TEMP.match(name)
-    return bool(m) and m.group(1) == _HOST and not _alive(int(m.group(2)))
+    return m is not None and m.group(1) == _HOST and not _alive(int(m.group(2)))
 
 
 def _alive(pid: int) -> bool:
