@@ -1,15 +1,16 @@
 """Reference interpreter: runs an ``Instance`` on numpy arrays (``Instance x inputs -> outputs``).
 
-Each statement runs on the points of its domain: the ``where`` box is first narrowed to the
-points where its affine in-bounds guards can hold (interval reasoning over the subscripts, exact
-for single-index subscripts), then split into chunks of at most ``CHUNK`` points, each narrowed
-again, so the cost follows the points that run rather than the box. A chunk is evaluated with
-numpy term by term, every operation in the written order and rounded in its type, as the compiled
-code does; the remaining guards mask what they exclude. Contractions (sums of products of affine
-reads) go to ``np.einsum`` over strided views only when their operands are finite and bounded so
-that no grouping of the products can overflow, where any order gives the same non-finite pattern
-(none). Semantics are the language's: identity initialisation for ``!``, statements in order,
-padding by domain, bounds-checked gathers, C conversions, and floor ``/`` and ``%`` on integers.
+A statement runs on the points of its domain only: its ``where`` box is narrowed to where the
+affine in-bounds guards can hold (interval reasoning over the subscripts, repeated to a fixpoint:
+exact for single-index subscripts, a box around the domain otherwise), then split into chunks of
+at most ``CHUNK`` points, each narrowed again, so the cost follows the points that run, not the
+box. A chunk is evaluated with numpy term by term: each operation in the written order and rounded
+in its type, as the generated code does; the guards still open in the chunk mask what they exclude.
+A contraction (a sum of products of affine reads) goes to ``np.einsum`` on strided views instead
+only when its data are finite and small enough that no grouping of its products and sums can
+overflow: einsum and term-by-term evaluation then differ by rounding alone. Semantics are the
+language's: identity initialisation for ``!``, statements in order, padding by domain,
+bounds-checked gathers, C conversions, and floor ``/`` and ``%`` on integers.
 """
 
 from __future__ import annotations
@@ -132,12 +133,13 @@ def _solve(lo: int, hi: int, c: int) -> tuple[int, int]:
 
 
 def _syms(cur: dict[str, tuple[int, int]]) -> dict[str, tuple[Sym, Sym]]:
+    """Ranges as ``affine.bounds`` takes them."""
     return {name: (Sym.of(lo), Sym.of(hi)) for name, (lo, hi) in cur.items()}
 
 
 def _live(guards: tuple[Guard, ...], box: Box) -> tuple[Guard, ...]:
     """The guards that may fail somewhere in ``box`` (the others hold at every point of it)."""
-    ranges = {name: (Sym.of(lo), Sym.of(hi)) for name, lo, hi in box}
+    ranges = _syms({name: (lo, hi) for name, lo, hi in box})
     out = []
     for g in guards:
         lo, hi = bounds(g.sub, ranges)
@@ -343,20 +345,33 @@ def _call(fn: str, args: list[Any], dtype: str) -> Any:
 
 def _einsum(bs: BoundStmt, box: Box, arrays: dict[str, np.ndarray], sizes: dict[str, int],
             out: np.ndarray) -> bool:
-    """``out[box] += sum of a product of affine reads`` through einsum on strided views, when
-    einsum's grouping of the products cannot change the result's non-finite values (see
-    ``_tame``); False when the statement is not such a contraction or its data is not tame."""
+    """``out[box] += sum of a product of affine reads`` through einsum on strided views; False when
+    the statement is not such a contraction or its data are not ``_tame``."""
+    dtype = out.dtype.name
+    plan = _contraction(bs, box, arrays, sizes, dtype)
+    if plan is None:
+        return False
+    spec, ops, scale = plan
+    res = np.einsum(spec, *ops, optimize=True)
+    if scale != 1.0:
+        res = res * np.asarray(scale, dtype=dtype)
+    target = _view_of(out, _region(box[: len(bs.stmt.lhs)]))
+    target += res.astype(dtype, copy=False)
+    return True
+
+
+def _contraction(bs: BoundStmt, box: Box, arrays: dict[str, np.ndarray], sizes: dict[str, int],
+                 dtype: str) -> tuple[str, list[np.ndarray], float] | None:
+    """The einsum subscripts, the operands (views) and the product of the constant factors of a
+    tame contraction over ``box``; None for any other statement."""
     s = bs.stmt
     factors: list[TExpr] = []
-    if not _product(s.rhs, factors):
-        return False
-    dtype = out.dtype.name
+    if not _product(s.rhs, factors) or len(box) > 26:
+        return None
     rs = reads(s.rhs)
     if len(rs) != len([f for f in factors if isinstance(f, Read)]) or len(rs) > 8:
-        return False
+        return None
     letters = {name: chr(ord("a") + i) for i, (name, _, _) in enumerate(box)}
-    if len(letters) > 26:
-        return False
     lo = {name: lo for name, lo, _ in box}
     ext = {name: hi - lo for name, lo, hi in box}
     consts = {k: Sym.of(v) for k, v in sizes.items()}
@@ -368,36 +383,29 @@ def _einsum(bs: BoundStmt, box: Box, arrays: dict[str, np.ndarray], sizes: dict[
             scale *= float(f.value)
             continue
         assert isinstance(f, Read)
-        if f.dtype != dtype:
-            return False
-        view = _view(arrays[f.tensor], f, lo, ext, consts)
+        view = _view(arrays[f.tensor], f, lo, ext, consts) if f.dtype == dtype else None
         if view is None:
-            return False
-        arr, axes = view
-        ops.append(arr)
-        specs.append("".join(letters[a] for a in axes))
+            return None
+        ops.append(view[0])
+        specs.append("".join(letters[a] for a in view[1]))
     used = set("".join(specs))
     out_spec = "".join(letters[i] for i in s.lhs)
     if not ops or not set(out_spec) <= used or len(used) != len(box):
-        return False
+        return None
     terms = math.prod(ext[name] for name in ext if name not in s.lhs)
     if not _tame(factors, arrays, scale, terms, dtype):
-        return False
-    res = np.einsum(",".join(specs) + "->" + out_spec, *ops, optimize=True)
-    if scale != 1.0:
-        res = res * np.asarray(scale, dtype=dtype)
-    target = _view_of(out, _region(box[: len(s.lhs)]))
-    target += res.astype(dtype, copy=False)
-    return True
+        return None
+    return ",".join(specs) + "->" + out_spec, ops, scale
 
 
 def _tame(factors: list[TExpr], arrays: dict[str, np.ndarray], scale: float, terms: int, dtype: str) -> bool:
-    """Whether every grouping of the contraction gives the same non-finite values as the compiled
-    code's term-by-term evaluation (products in the written order, then the sum): true for
-    integers (wrapping sums are exact in any order), and for floats when every factor's tensor is
-    finite and the product of the factors' largest magnitudes, times the number of terms, stays
-    far below the type's largest value: then no product or partial sum, however grouped, can
-    overflow, and both results are finite. Otherwise the statement runs term by term."""
+    """Whether every grouping of the contraction gives the same non-finite values as term-by-term
+    evaluation (products in the written order, then the sum). True for integers (wrapping sums
+    are exact in any order); for floats when every factor's tensor is finite and the product of
+    the factors' largest magnitudes, times the number of terms, stays far below the type's
+    largest value: then no product or partial sum, however grouped, can overflow, and both
+    results are finite. An einsum over float32 accumulates in float32 (BLAS or numpy's own loops)
+    like the generated code, in another order: the results differ by rounding alone."""
     if not T.is_float(dtype):
         return True
     if not math.isfinite(scale):
