@@ -339,7 +339,8 @@ class _Build:
     def float_lit(self, meta, items):
         value = float(items[0])
         if value > FLOAT32_MAX:
-            raise TcSyntaxError(f"float literal {items[0]} is out of the float32 range",
+            text = str(items[0]) if len(items[0]) <= 40 else f"{items[0][:12]}...{items[0][-6:]}"
+            raise TcSyntaxError(f"float literal {text} is out of the float32 range",
                                 _tok_span(self.src, items[0]).location())
         return A.Num(value, True, _span_of(self.src, meta))
 

@@ -19,18 +19,18 @@ from typing import Any
 import numpy as np
 
 from . import ast as A
+from . import deepstack, interp, knobs, layout, limits
 from . import dtypes as T
-from . import interp, knobs, layout
 from .checked import CheckedDef
 from .compiler import CKernel, GpuLowered, Lowered, lower, lower_gpu, strides_of
-from .errors import SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, bind_sizes, instantiate
 from .options import MappingOptions
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
-from .sema import check_def, check_module
+from .sema import check_def, check_def_names
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
 _UNSEEN = object()
@@ -62,6 +62,31 @@ def _user_facing(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _stack_safe(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A Kernel method that runs on a large-stack thread when the kernel's def nests deeply."""
+    @functools.wraps(fn)
+    def wrapper(self: Kernel, *args: Any, **kwargs: Any) -> Any:
+        if not self._deep:
+            return fn(self, *args, **kwargs)
+        return deepstack.call(fn, (self, *args), kwargs, what=f"def '{self.name}'",
+                              where=self.checked.source.name.span.location())
+    return wrapper
+
+
+def _kernels_of(defs: Sequence[A.Def], backend: str | None) -> list[Kernel]:
+    """The checked kernels of ``defs`` (deeply nested ones checked on a large-stack thread)."""
+    def make(d: A.Def) -> Kernel:
+        return Kernel(check_def(d), backend)
+
+    out = []
+    for d in defs:
+        if deepstack.is_deep(d):
+            out.append(deepstack.call(make, (d,), what=f"def '{d.name.name}'", where=d.name.span.location()))
+        else:
+            out.append(make(d))
+    return out
+
+
 class Kernel:
     """One TC def, callable on arrays; compiled (here: bound) per shape signature and cached."""
 
@@ -79,19 +104,23 @@ class Kernel:
         self._tuned: dict[tuple, MappingOptions | None] = {}  # per argument layout: options from the tuning cache
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
-        self.__doc__ = str(checked)
+        self._deep = deepstack.is_deep(checked.source, checked.stmts)
+        self.__doc__ = self.__str__()
 
     def __repr__(self) -> str:
         return f"<tcdsl kernel {self.name}({', '.join(t.name for t in self.checked.inputs)})>"
 
+    @_stack_safe
     def __str__(self) -> str:
         return str(self.checked)
 
+    @_stack_safe
     def _repr_html_(self) -> str:
         import html
 
         return f"<pre>{html.escape(str(self.checked))}</pre>"
 
+    @_stack_safe
     def instance(self, *args: Any) -> Instance:
         """The bound instance (concrete sizes, ranges, shapes) for these arguments."""
         arrays = _coerce_inputs(self.checked, args)
@@ -103,10 +132,12 @@ class Kernel:
         if inst is None:
             sizes = bind_sizes(self.checked, [a.shape for a in arrays])
             inst = instantiate(self.checked, sizes)
+            limits.check_instance(inst)
             with self._lock:
                 self._cache[key] = inst
         return inst
 
+    @_stack_safe
     def compiled(self, *args: Any, options: MappingOptions | None = None) -> CKernel:
         """The compiled C kernel for these arguments (built on first use, then cached)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
@@ -164,6 +195,7 @@ class Kernel:
                 self._tuned[key] = found
         return found  # type: ignore[return-value]
 
+    @_stack_safe
     def autotune(self, *args: Any, backend: str = "c", **settings: Any) -> Any:
         """Search mapping options for these arguments on ``backend`` ("c", "opencl" or "cuda"),
         store the best in the tuning cache and use them for later calls; returns a ``TuneResult``
@@ -176,6 +208,7 @@ class Kernel:
             self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = result.options
         return result
 
+    @_stack_safe
     def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
         """Every compiler stage for these arguments (no C compiler needed)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
@@ -184,6 +217,7 @@ class Kernel:
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         return lower(inst, opts, strides_of(inst, inputs))
 
+    @_stack_safe
     def backward_source(self, wrt: Sequence[str] | None = None) -> str:
         """The TC text of the backward def (derived, or the one given to ``define(backward=...)``):
         gradients of ``wrt`` (default: every float input) from the gradients of the outputs."""
@@ -191,6 +225,7 @@ class Kernel:
 
         return backward_of(self, wrt).source
 
+    @_stack_safe
     def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
         """The generated code for these arguments' shapes, dtypes and strides: C, or CUDA / OpenCL
         (printed on any machine; nothing is compiled)."""
@@ -204,6 +239,7 @@ class Kernel:
                                   "generated code")
         return self.lowered(*args, options=options).source.text
 
+    @_stack_safe
     def lowered_gpu(self, *args: Any, backend: str = "cuda", options: MappingOptions | None = None,
                     target: Any = None) -> GpuLowered:
         """Every GPU compiler stage for these arguments (no GPU or compiler needed); ``target``: the
@@ -226,16 +262,19 @@ class Kernel:
                 self.compile_count += 1
         return gk
 
+    @_stack_safe
     def schedule(self, *args: Any, options: MappingOptions | None = None) -> str:
         """The schedule tree (after the CPU transformations) as text."""
         return tree_text(self.lowered(*args, options=options).final)
 
+    @_stack_safe
     def explain(self, *args: Any, options: MappingOptions | None = None) -> str:
         """Why each loop is or is not parallel, and which statements were fused."""
         opts = (options or self.options).resolved(self.checked)
         return explain_lowered(self.lowered(*args, options=opts), opts)
 
     @_user_facing
+    @_stack_safe
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         if _torch_args(args):  # torch tensors, CPU or CUDA: tcdsl.torch_ops (autograd)
@@ -265,6 +304,7 @@ class Kernel:
         arrays = _coerce_inputs(self.checked, args)
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
+        limits.check_memory(inst)
         if be == "opencl":
             gk = self._gpu_for(inst, "opencl", options or self._tuned_for(arrays, "opencl") or self.options)
             results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
@@ -333,13 +373,13 @@ class GenericKernel:
         if len(args) != len(self.params):
             raise TcArgumentError(f"{self.name}() takes {len(self.params)} arguments ({', '.join(self.params)}), "
                                   f"got {len(args)}")
-        arrays = [_as_array(a, p) for a, p in zip(args, self.params)]
+        arrays = [_as_array(a, p, _first_use(self.stmts, p)) for a, p in zip(args, self.params)]
         sig = tuple((a.dtype.newbyteorder("=").str, a.shape) for a in arrays)
         pattern = _size_pattern(arrays)
         key = tuple((d, len(s)) for d, s in sig), pattern
         k = self._kernels.get(key)
         if k is None:
-            k = Kernel(check_def(self._make_def(arrays)), self.backend)
+            k = _kernels_of([self._make_def(arrays)], self.backend)[0]
             self._kernels[key] = k
         return k
 
@@ -385,6 +425,21 @@ class GenericKernel:
         return self.kernel(*args).autotune(*args, **settings)
 
 
+def _first_use(stmts: Sequence[A.Stmt], name: str) -> Location | None:
+    """Where the statements first use the tensor ``name`` (a short-form kernel's params have no
+    declaration to point at)."""
+    todo: list[Any] = list(reversed(stmts))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (A.Name, A.Apply)) and node.name == name:
+            return node.span.location()
+        if isinstance(node, (tuple, list)):
+            todo.extend(reversed(node))
+        elif isinstance(node, (A.Expr, A.Stmt, A.WhereRange, A.WhereExists, A.WhereLet)):
+            todo.extend(reversed([v for v in vars(node).values() if not isinstance(v, A.Span)]))
+    return None
+
+
 def _size_pattern(arrays: list[np.ndarray]) -> tuple:
     first: dict[int, int] = {}
     flat = [n for a in arrays for n in a.shape]
@@ -422,7 +477,8 @@ def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | 
             raise TcArgumentError("backward= and save= need a source with a def header")
         return ShortForm(source, filename, outputs, backend)
     module = parse(source, filename)
-    kernels = [Kernel(c, backend) for c in check_module(module)]
+    check_def_names(module)
+    kernels = _kernels_of(module.defs, backend)
     if backward is not None or save is not None:
         from .autodiff import attach
 
@@ -448,15 +504,24 @@ def _check_backend(name: str) -> str:
     return name
 
 
-def _as_array(x: Any, what: str) -> np.ndarray:
+def _as_array(x: Any, what: str, where: Location | None = None) -> np.ndarray:
+    """``x`` as a native-order numpy array; anything else (None, str, list, objects) is refused
+    with a located error naming the parameter."""
     if isinstance(x, np.ndarray):
         a = x
     elif isinstance(x, (bool, int, float, np.generic)):
         a = np.asarray(x)
-    elif hasattr(x, "__array__"):
-        a = np.asarray(x)
+    elif hasattr(x, "__array__") and not isinstance(x, type):
+        try:
+            a = np.asarray(x)
+        except Exception as e:  # noqa: BLE001 (any failure of a foreign __array__)
+            raise TcArgumentError(f"argument '{what}' is a {type(x).__name__} that numpy cannot convert to an "
+                                  f"array ({type(e).__name__}: {e})", where) from None
+        if not isinstance(a, np.ndarray):
+            raise TcArgumentError(f"argument '{what}' is a {type(x).__name__}, not an array", where)
     else:
-        raise TcArgumentError(f"argument '{what}' is a {type(x).__name__}, not an array")
+        hint = "; pass np.asarray(...) of it" if isinstance(x, (list, tuple)) else ""
+        raise TcArgumentError(f"argument '{what}' is a {type(x).__name__}, not an array{hint}", where)
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     return a
@@ -492,7 +557,10 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
                 raise TcArgumentError(f"'{t.name}' is {t.dtype} but {x!r} does not fit in it",
                                       t.span.location()) from None
             continue
-        a = _as_array(x, t.name)
+        if t.dims and isinstance(x, (bool, int, float, np.generic)):
+            raise TcArgumentError(f"'{t.name}' is declared with {len(t.dims)} dims but the argument is the scalar "
+                                  f"{x!r}", t.span.location())
+        a = _as_array(x, t.name, t.span.location())
         got = T.from_numpy(a.dtype)
         if got != t.dtype:
             raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}",

@@ -14,17 +14,26 @@ from typing import Any
 
 import numpy as np
 
+from . import deepstack, limits
 from .errors import TcArgumentError, TcError
 from .grammar import parse
-from .sema import check_def
+from .sema import check_def, check_def_names
+
+
+def _checked_text(d: Any) -> str:
+    return str(check_def(d))
 
 
 def _check(args: argparse.Namespace) -> int:
     for path in args.files:
         text = Path(path).read_text(encoding="utf-8")
         module = parse(text, str(path))
+        check_def_names(module)
         for d in module.defs:
-            print(check_def(d))
+            if deepstack.is_deep(d):
+                print(deepstack.call(_checked_text, (d,), what=f"def '{d.name.name}'", where=d.name.span.location()))
+            else:
+                print(_checked_text(d))
             print()
     return 0
 
@@ -45,15 +54,23 @@ def _arguments(checked, sizes: dict[str, int]) -> list[np.ndarray]:
         raise TcArgumentError(f"def '{checked.name}' needs sizes for {', '.join(missing)} (--sizes "
                               + ",".join(f"{s}=..." for s in checked.sizes) + ")")
     arrays = []
+    memory = limits.physical_memory()
     for t in checked.inputs:
         shape = tuple(int(d.eval(sizes)) for d in t.dims)
+        nbytes = int(np.dtype(t.dtype).itemsize * np.prod(shape, dtype=object))
+        if any(n < 0 for n in shape):
+            raise TcArgumentError(f"input '{t.name}' would have the negative shape {shape} (from --sizes)",
+                                  t.span.location())
+        if memory is not None and nbytes > memory:
+            raise TcArgumentError(f"input '{t.name}' of shape {shape} (from --sizes) needs {nbytes} bytes, more than "
+                                  f"this machine's memory", t.span.location())
         arrays.append(np.zeros(shape, dtype=t.dtype))
     return arrays
 
 
 def _entry(args: argparse.Namespace) -> Any:
     """The kernel of the def named by --entry (or the file's only def)."""
-    from .api import Kernel
+    from .api import _kernels_of
 
     module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
     defs = {d.name.name: d for d in module.defs}
@@ -61,7 +78,7 @@ def _entry(args: argparse.Namespace) -> Any:
         args.entry = next(iter(defs))
     if args.entry not in defs:
         raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
-    return Kernel(check_def(defs[args.entry]))
+    return _kernels_of([defs[args.entry]], None)[0]
 
 
 def _compile(args: argparse.Namespace) -> int:

@@ -61,12 +61,17 @@ def check_def(d: A.Def) -> CheckedDef:
 
 
 def check_module(m: A.Module) -> list[CheckedDef]:
+    check_def_names(m)
+    return [check_def(d) for d in m.defs]
+
+
+def check_def_names(m: A.Module) -> None:
+    """No two defs of ``m`` share a name."""
     names: set[str] = set()
     for d in m.defs:
         if d.name.name in names:
             raise _err(TcSemanticError, f"def '{d.name.name}' is defined twice", d.name.span)
         names.add(d.name.name)
-    return [check_def(d) for d in m.defs]
 
 
 @dataclass
@@ -241,7 +246,8 @@ class _DefChecker:
                 if acc.tensor == name and acc.subs != tuple(Sym.var(i, "index") for i in lhs):
                     raise _err(TcSemanticError, f"{what} reads '{name}' at another point than the one it writes; "
                                f"write the result to a new tensor", acc.span)
-        all_acc = [(a, self.shaped[a.tensor].dims) for a in scope.accesses]
+        accesses = tuple(dict.fromkeys(scope.accesses))  # a repeated access bounds nothing more: kept once
+        all_acc = [(a, self.shaped[a.tensor].dims) for a in accesses]
         if existing is not None:
             write = Access(name, tuple(Sym.var(i, "index") for i in lhs), "write", s.lhs.span)
             scope.shown[id(write)] = f"{name}({', '.join(lhs)})"
@@ -268,7 +274,7 @@ class _DefChecker:
         target = self.shaped[name]
         return Statement(number, name, tuple(lhs), tuple(reductions), "=" if red is None else red, s.init,
                          convert(rhs, target.dtype), index_ranges,
-                         tuple(a for a in scope.accesses), s)
+                         accesses, s)
 
     # ---- size expressions (where ranges) ----
     def _size_expr(self, e: A.Expr) -> Sym:
@@ -399,6 +405,8 @@ class _DefChecker:
                 return Const("uint64", _int_literal(e.arg, UINT64_MAX, "uint64"))
             return convert(self._expr(e.arg, scope), e.type)
         if isinstance(e, A.Unary):
+            if e.op == "-" and isinstance(e.arg, A.Num) and not e.arg.is_float and e.arg.value == INT64_MAX + 1:
+                return Const("int64", -INT64_MAX - 1)  # the one int64 whose magnitude is not an int64 literal
             a = self._expr(e.arg, scope)
             if e.op == "!":
                 return Unop("bool", "!", convert(a, "bool"))
