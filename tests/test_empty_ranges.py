@@ -150,6 +150,18 @@ def test_padding_by_domain_that_leaves_points_without_terms(backend: str, op: st
     run(k, [a], backend, want)
 
 
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padded_rows_without_terms_under_every_mapping(backend: str, op: str, garbage: None):
+    # rows 0..3 and 9..12 of O read nothing of A: tiles that hold O in registers must not start
+    # them from anything but the identity
+    k = typed("def p(T(N, M) A) -> (O) { O(i, j) OP A(i + r - 6, j) where i in 0:N + 8, r in 0:3 }", op, "float32")
+    a = (np.arange(5 * 40) % 7 + 1).astype(np.float32).reshape(5, 40)
+    want = np.stack([_padded(op, "float32", a[:, j], 13, -6, 3) for j in range(40)], axis=1)
+    for opts in _options(backend):
+        run(k, [a], backend, want, options=opts)
+
+
 # ---- contractions and temporaries ---------------------------------------------------------------
 
 MATMUL = "def mm(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
