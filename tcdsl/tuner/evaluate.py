@@ -2,23 +2,27 @@
 
 Candidates are compiled in parallel worker processes (or on any ``concurrent.futures.Executor``),
 then timed one at a time in an isolated worker with a timeout: a candidate that crashes, hangs
-or raises is scored invalid and the worker is replaced; the session never sees the fault. With
-``time_on="executor"``, the executor's workers also time the candidates, each in an isolated
-process of its own machine (one worker per machine keeps timings apart). A candidate that would
-become the best is first checked here against the reference interpreter.
+or raises is scored invalid and the worker is replaced, together with every process it started
+(a compiler, isl's scheduler); the session never sees the fault. With ``time_on="executor"``, the
+executor's workers also time the candidates, each in an isolated process of its own machine (one
+worker per machine keeps timings apart). A candidate that would become the best is first checked
+here against the reference interpreter. A deadline (the tuner's budget) bounds every wait.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import FIRST_COMPLETED, Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -32,6 +36,8 @@ FLUSH_BYTES = 64 << 20  # written between timed runs: more than the last-level c
 RTOL = 1e-4  # max |candidate - reference| / max |reference| accepted for floating-point outputs
 SLOWER_THAN_BEST = 20  # a timing request may take this many times the best candidate's calls
 MIN_TIMEOUT_S = 2.0
+GRACE_S = 5.0  # how long past the deadline a wait may last while no candidate has a valid time
+WORKER_MARK = "TCDSL_TUNER_WORKER"  # in a worker's environment, inherited by all it starts: its token
 
 
 @dataclass(frozen=True)
@@ -106,12 +112,14 @@ def time_candidate(kernel: Any, inputs: list[np.ndarray], options: MappingOption
 
 
 class Worker:
-    """One worker process (``python -m tcdsl.tuner.worker``: no re-import of the user's script);
-    a request that faults or outlives its timeout kills and replaces it."""
+    """One worker process (``python -m tcdsl.tuner.worker``: no re-import of the user's script)
+    in a session of its own; a request that faults or outlives its timeout kills and replaces it,
+    and with it every process it started (see ``kill_tree``)."""
 
     def __init__(self, runner: str = "tcdsl.tuner.evaluate:time_candidate") -> None:
         self.runner = runner
         self.proc: subprocess.Popen[bytes] | None = None
+        self.token = ""  # the current process's WORKER_MARK value
         self.conn: Connection | None = None  # replies
         self._out: Connection | None = None  # requests
         self.job: tuple | None = None  # sent first to every new process
@@ -119,11 +127,13 @@ class Worker:
     def _start(self) -> None:
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.token = secrets.token_hex(12)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **{WORKER_MARK: self.token})
         quiet = None if knobs.debug() else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tcdsl.tuner.worker", str(to_child_r), str(to_parent_w), self.runner],
-            pass_fds=(to_child_r, to_parent_w), env=env, stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet)
+            pass_fds=(to_child_r, to_parent_w), env=env, stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet,
+            start_new_session=True)
         os.close(to_child_r)
         os.close(to_parent_w)
         self._out = Connection(to_child_w, readable=False)
@@ -135,16 +145,20 @@ class Worker:
         self.job = job
         self.stop()  # the next request starts a process that gets the job first
 
-    def send(self, msg: tuple) -> None:
+    def start(self) -> None:
+        """Start the process now unless it runs (it starts on the first request otherwise)."""
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
             self._start()
+
+    def send(self, msg: tuple) -> None:
+        self.start()
         assert self._out is not None
         self._out.send(msg)
 
     def receive(self, timeout: float) -> tuple:
-        """The reply, or ("error", why) after a crash or the timeout (the process is then replaced).
-        The job's acknowledgement, when a new process got one, is read first."""
+        """The reply, or ("error", why) after a crash, or ("timeout", why) after the timeout (the
+        process is then replaced). The job's acknowledgement, when a new process got one, is read first."""
         assert self.conn is not None and self.proc is not None
         deadline = time.monotonic() + timeout
         try:
@@ -152,22 +166,75 @@ class Worker:
                 reply = self.conn.recv()
                 if reply != ("ok", "job"):
                     return reply  # type: ignore[no-any-return]
-            why = f"timed out after {timeout:g} s"
+            kind, why = "timeout", f"timed out after {timeout:g} s"
         except (EOFError, OSError):
-            self.proc.wait(5)
-            why = f"worker died ({_exit_reason(self.proc.returncode)})"
+            _reap(self.proc)
+            kind, why = "error", f"worker died ({_exit_reason(self.proc.returncode)})"
         self.stop()
-        return ("error", why)
+        return (kind, why)
 
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(5)
+            kill_tree(self.proc.pid, self.token)
+            _reap(self.proc)
         for c in (self.conn, self._out):
             if c is not None:
                 c.close()
         self.proc, self.conn, self._out = None, None, None
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:  # stuck in the kernel: left to the system
+        pass
+
+
+def kill_tree(leader: int, token: str) -> None:
+    """SIGKILL the process group ``leader`` leads, then every process started under the worker's
+    token (``kill_marked``)."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    kill_marked(token)
+
+
+def kill_marked(token: str) -> None:
+    """SIGKILL every process but this one whose environment holds the worker's token: its
+    descendants, including those that moved to a session of their own (a compiler run under a
+    timeout) or lost their parent, until none is left."""
+    for _ in range(100 if token else 0):
+        pids = marked(token)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+
+
+def marked(token: str) -> list[int]:
+    """The live processes, other than this one, whose environment holds WORKER_MARK=``token`` (read
+    from /proc; none where there is no /proc). A process that has exited shows no environment."""
+    needle = f"{WORKER_MARK}={token}\0".encode()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    me, found = os.getpid(), []
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read():
+                    found.append(int(name))
+        except OSError:  # gone, or not ours
+            continue
+    return found
 
 
 def _exit_reason(code: int | None) -> str:
@@ -209,9 +276,18 @@ def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: 
 
 # ---- the evaluator ---------------------------------------------------------------------------------
 
+class OutOfBudget(Exception):
+    """A wait the deadline cut short: the candidate is not scored (neither valid nor invalid)."""
+
+
 @dataclass
 class Evaluator:
-    """Scores candidate options of one kernel on fixed inputs (see the module docstring)."""
+    """Scores candidate options of one kernel on fixed inputs (see the module docstring).
+
+    ``deadline`` (``time.monotonic()`` seconds) bounds every wait: compiles still running then are
+    stopped, and so is every wait after it, except that while no candidate has a valid time, one
+    that compiled is still timed and checked for up to ``GRACE_S`` more. Candidates the deadline
+    stopped land in ``cut``, not in ``rejected``."""
 
     source: str
     inputs: list[np.ndarray]
@@ -225,8 +301,10 @@ class Evaluator:
     backend: str = "c"  # "c", "opencl" or "cuda"
     time_on: str = "local"  # "executor": candidates are also timed on the executor's workers
     log: Callable[[str], None] = lambda _msg: None
+    deadline: float = math.inf
     best: float = math.inf
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
+    cut: set[str] = field(default_factory=set)  # options JSON the deadline stopped before they were scored
 
     def __post_init__(self) -> None:
         if self.time_on not in ("local", "executor"):
@@ -235,6 +313,7 @@ class Evaluator:
             raise ValueError("time_on='executor' needs an executor")
         self._timer = Worker(self.runner)
         self._timer.set_job(("job", self.source, self.inputs, self.reps, self.backend))
+        self._timer.start()  # it starts up while the first candidates compile
         self._compilers: list[Worker] = []
         self.specs = [ArgSpec.of(a) for a in self.inputs]
 
@@ -242,92 +321,176 @@ class Evaluator:
         for w in [self._timer, *self._compilers]:
             w.stop()
 
+    # -- the deadline --
+
+    def spent(self) -> bool:
+        """Whether the deadline has passed."""
+        return time.monotonic() >= self.deadline
+
+    def _limit(self, seconds: float) -> float:
+        """``seconds``, or what is left until ``GRACE_S`` past the deadline if that is less."""
+        return min(seconds, max(0.0, self.deadline + GRACE_S - time.monotonic()))
+
+    def _compile_stop(self, compiled: bool) -> float:
+        """When compiles stop: at the deadline once something can be timed (a candidate compiled,
+        or one has a valid time), else ``GRACE_S`` later."""
+        return self.deadline if compiled or math.isfinite(self.best) else self.deadline + GRACE_S
+
+    def _ask(self, worker: Worker, msg: tuple, seconds: float) -> tuple:
+        """``worker``'s reply to ``msg`` within ``seconds``; OutOfBudget when the deadline cut that short."""
+        limit = self._limit(seconds)
+        if limit <= 0 < seconds:
+            raise OutOfBudget
+        worker.send(msg)
+        reply = worker.receive(limit)
+        if reply[0] == "timeout" and limit < seconds:
+            raise OutOfBudget
+        return reply
+
+    # -- scoring --
+
     def __call__(self, candidates: Sequence[MappingOptions]) -> list[float]:
         texts = [o.to_json() for o in candidates]
         if self.time_on == "executor":
             return self._time_remote(texts)
-        errors = self._compile_all(texts)
-        costs = []
-        for text, err in zip(texts, errors):
-            costs.append(math.inf if err else self._time(text))
-            if err:
-                self._reject(text, f"compile: {err}")
-        return costs
+        return [self._score(text, err) for text, err in zip(texts, self._compile_all(texts))]
+
+    def _score(self, text: str, compile_error: str | None) -> float:
+        if text in self.cut:
+            return math.inf
+        if compile_error:
+            self._reject(text, f"compile: {compile_error}")
+            return math.inf
+        if self.spent() and math.isfinite(self.best):  # out of time, and a valid time known
+            self.cut.add(text)
+            return math.inf
+        try:
+            return self._time(text)
+        except OutOfBudget:
+            self.cut.add(text)
+            return math.inf
 
     def _reject(self, text: str, why: str) -> None:
         self.rejected.append((text, why))
         self.log(f"invalid candidate {text}: {why.splitlines()[0] if why else ''}")
 
     def _compile_all(self, texts: list[str]) -> list[str | None]:
+        """Each candidate's compile error or None; those the deadline stopped go to ``cut``."""
         if self.executor is not None:
-            futures = [self.executor.submit(compile_candidate, self.source, self.specs, t, self.backend) for t in texts]
-            out: list[str | None] = []
-            for f in futures:
-                try:
-                    out.append(f.result(timeout=self.compile_timeout_s))
-                except Exception as e:
-                    out.append(f"{type(e).__name__}: {e}")
-            return out
+            return self._compile_on_executor(texts)
         while len(self._compilers) < max(1, self.jobs):
             self._compilers.append(Worker())
         results: list[str | None] = [None] * len(texts)
         pending = list(range(len(texts)))
         busy: dict[int, tuple[Worker, int, float]] = {}  # fileno -> (worker, task, started)
         idle = list(self._compilers)
+        compiled = False
         while pending or busy:
+            stop = self._compile_stop(compiled)
+            if time.monotonic() >= stop:  # the rest is not compiled
+                for w, _, _ in busy.values():
+                    w.stop()
+                self.cut.update(texts[i] for i in [*pending, *(i for _, i, _ in busy.values())])
+                break
             while pending and idle:
                 w, i = idle.pop(), pending.pop(0)
                 w.send(("compile", self.source, self.specs, texts[i], self.backend))
                 assert w.conn is not None
                 busy[w.conn.fileno()] = (w, i, time.monotonic())
+            next_stop = min([stop, *(t0 + self.compile_timeout_s for _, _, t0 in busy.values())])
             conns = [w.conn for w, _, _ in busy.values() if w.conn is not None]
-            ready = wait(conns, timeout=1.0)
+            ready = wait(conns, timeout=min(1.0, max(0.0, next_stop - time.monotonic())))
             now = time.monotonic()
             for fd, (w, i, t0) in list(busy.items()):
                 if w.conn in ready:
                     reply = w.receive(0)
-                elif now - t0 > self.compile_timeout_s:
+                elif now - t0 >= self.compile_timeout_s:
                     w.stop()
                     reply = ("error", f"compile timed out after {self.compile_timeout_s:g} s")
                 else:
                     continue
                 results[i] = None if reply[0] == "ok" else reply[1]
+                compiled = compiled or reply[0] == "ok"
                 del busy[fd]
                 idle.append(w)
+        return results
+
+    def _compile_on_executor(self, texts: list[str]) -> list[str | None]:
+        assert self.executor is not None
+        futures = {self.executor.submit(compile_candidate, self.source, self.specs, t, self.backend): i
+                   for i, t in enumerate(texts)}
+        results: list[str | None] = [None] * len(texts)
+        timeout_at = time.monotonic() + self.compile_timeout_s
+        compiled = False
+        while futures:
+            stop = self._compile_stop(compiled)
+            now = time.monotonic()
+            if now >= min(stop, timeout_at):  # what is still running is not waited for
+                for f, i in futures.items():
+                    f.cancel()
+                    if now >= stop:
+                        self.cut.add(texts[i])
+                    else:
+                        results[i] = f"compile timed out after {self.compile_timeout_s:g} s"
+                break
+            done, _ = wait_futures(list(futures), timeout=min(1.0, min(stop, timeout_at) - now),
+                                   return_when=FIRST_COMPLETED)
+            for f in done:
+                i = futures.pop(f)
+                try:
+                    results[i] = f.result()
+                except Exception as e:
+                    results[i] = f"{type(e).__name__}: {e}"
+                compiled = compiled or results[i] is None
         return results
 
     def _time_remote(self, texts: list[str]) -> list[float]:
         """Each candidate compiled and timed by one executor task (see ``time_remote``); a new
         best is checked here, against the reference, before it counts."""
         timeout = self.timeout()
-        futures = [self._submit_timing(t, timeout) for t in texts]
+        futures = [self._submit_timing(t, timeout) if self._limit(timeout) > 0 else None for t in texts]
         costs = []
         for text, f in zip(texts, futures):
-            reply = self._remote_reply(f, timeout)
-            if reply[0] != "ok":
-                self._reject(text, reply[1])
-                costs.append(math.inf)
-                continue
-            t = float(reply[1])
-            if t < self.best:
-                why = self._check(text)
-                if why:
-                    self._reject(text, why)
+            try:
+                if f is None or (self.spent() and math.isfinite(self.best)):
+                    raise OutOfBudget
+                reply = self._remote_reply(f, timeout)
+                if reply[0] != "ok":
+                    self._reject(text, reply[1])
                     costs.append(math.inf)
                     continue
-                self.best = t
-            costs.append(t)
+                t = float(reply[1])
+                if t < self.best:
+                    why = self._check(text)
+                    if why:
+                        self._reject(text, why)
+                        costs.append(math.inf)
+                        continue
+                    self.best = t
+                costs.append(t)
+            except OutOfBudget:
+                if f is not None:
+                    f.cancel()
+                self.cut.add(text)
+                costs.append(math.inf)
         return costs
 
     def _submit_timing(self, text: str, timeout: float) -> Future:
+        """The remote task's own waits end with the deadline's grace too."""
         assert self.executor is not None
         return self.executor.submit(time_remote, self.source, self.inputs, text, self.reps, self.backend,
-                                    self.runner, self.compile_timeout_s, timeout)
+                                    self.runner, self._limit(self.compile_timeout_s), self._limit(timeout))
 
     def _remote_reply(self, f: Future, timeout: float) -> tuple:
+        seconds = self.compile_timeout_s + timeout + 60
+        limit = self._limit(seconds)
         try:
-            return f.result(timeout=self.compile_timeout_s + timeout + 60)  # type: ignore[no-any-return]
-        except Exception as e:  # the task's worker died or the task timed out
+            return f.result(timeout=limit)  # type: ignore[no-any-return]
+        except FutureTimeout:
+            if limit < seconds:
+                raise OutOfBudget from None
+            return ("error", f"executor: no reply after {seconds:g} s")
+        except Exception as e:  # the task's worker died
             return ("error", f"executor: {type(e).__name__}: {e}")
 
     def timeout(self) -> float:
@@ -338,13 +501,11 @@ class Evaluator:
         return min(self.run_timeout_s, max(MIN_TIMEOUT_S, SLOWER_THAN_BEST * self.best * (self.reps + 1)))
 
     def _time(self, text: str) -> float:
-        self._timer.send(("prepare", text))  # lowering (isl) and loading count apart from the run
-        reply = self._timer.receive(self.compile_timeout_s)
-        if reply[0] != "ok":
+        reply = self._ask(self._timer, ("prepare", text), self.compile_timeout_s)  # lowering (isl) and loading
+        if reply[0] != "ok":  # count apart from the run
             self._reject(text, f"compile: {reply[1]}")
             return math.inf
-        self._timer.send(("time", text, False))
-        reply = self._timer.receive(self.timeout())
+        reply = self._ask(self._timer, ("time", text, False), self.timeout())
         if reply[0] != "ok":
             self._reject(text, f"run: {reply[1]}")
             return math.inf
@@ -358,23 +519,27 @@ class Evaluator:
         return t
 
     def retime(self, candidates: Sequence[MappingOptions], rounds: int = 3) -> list[float]:
-        """Median over ``rounds`` interleaved timings of each candidate (inf where one fails): the
-        final comparison of the winner with the defaults, under the same load."""
+        """Median over ``rounds`` interleaved timings of each candidate (inf where one fails or the
+        deadline stops it): the final comparison of the winner with the defaults, under the same load."""
         texts = [o.to_json() for o in candidates]
         samples: list[list[float]] = [[] for _ in texts]
         for _ in range(rounds):
             for i, text in enumerate(texts):
-                if self.time_on == "executor":  # one at a time, on whichever worker takes it
-                    reply = self._remote_reply(self._submit_timing(text, self.run_timeout_s), self.run_timeout_s)
-                else:
-                    self._timer.send(("time", text, False))
-                    reply = self._timer.receive(self.run_timeout_s)
+                try:
+                    if self.time_on == "executor":  # one at a time, on whichever worker takes it
+                        if self._limit(self.run_timeout_s) <= 0:
+                            raise OutOfBudget
+                        reply = self._remote_reply(self._submit_timing(text, self.run_timeout_s),
+                                                   self.run_timeout_s)
+                    else:
+                        reply = self._ask(self._timer, ("time", text, False), self.run_timeout_s)
+                except OutOfBudget:
+                    reply = ("error", "out of time")
                 samples[i].append(float(reply[1]) if reply[0] == "ok" else math.inf)
         return [statistics.median(s) for s in samples]
 
     def _check(self, text: str) -> str | None:
-        self._timer.send(("time", text, True))
-        reply = self._timer.receive(self.run_timeout_s)
+        reply = self._ask(self._timer, ("time", text, True), self.run_timeout_s)
         if reply[0] != "ok":
             return f"check run: {reply[1]}"
         got = reply[2] if isinstance(reply[2], tuple) else (reply[2],)

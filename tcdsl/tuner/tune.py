@@ -3,7 +3,8 @@
 It builds the search space of the def at these sizes, seeds the genetic search with the default
 options and with cached results of the same def, evaluates candidates safely (``evaluate``),
 checkpoints the population after each generation and stores the best in the tuning cache, from
-which later calls of the kernel pick it up (``tuned_options``).
+which later calls of the kernel pick it up (``tuned_options``). A ``budget`` bounds the whole call,
+hung compiles included (see ``Evaluator``).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
              time_on: str = "local") -> TuneResult:
     """Search mapping options for ``kernel`` on ``arrays`` on ``backend`` (the C space, or TC's
     GPU options for "opencl" and "cuda"); see the module docstring."""
+    deadline = time.monotonic() + budget if budget is not None else math.inf
     if backend == "cuda":
         from tcdsl import gpurt
 
@@ -156,8 +158,8 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
-                          backend=backend, time_on=time_on)
-    evaluate = _Evaluate(space, evaluator, budget)
+                          backend=backend, time_on=time_on, deadline=deadline)
+    evaluate = _Evaluate(space, evaluator)
     seeds = _seeds(space, cache, key)
     bar = _Progress(config.generations, progress)
 
@@ -178,14 +180,14 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
 
 
 class _Evaluate:
-    """The search's cost function: pruned genomes are not compiled; once the budget's deadline
-    has passed, the rest of a generation is skipped (scored inf, counted apart from the invalid)."""
+    """The search's cost function: pruned genomes are not compiled; once the evaluator's deadline
+    has passed, the rest of a generation is skipped (scored inf, counted apart from the invalid),
+    and so are the candidates the deadline stopped."""
 
     BATCH = 8  # candidates compiled together between deadline checks
 
-    def __init__(self, space: S.Space, evaluator: Evaluator, budget: float | None) -> None:
+    def __init__(self, space: S.Space, evaluator: Evaluator) -> None:
         self.space, self.evaluator = space, evaluator
-        self.deadline = time.monotonic() + budget if budget is not None else math.inf
         self.skipped: set[S.Genome] = set()
 
     def __call__(self, genomes: list[S.Genome]) -> list[float]:
@@ -193,10 +195,12 @@ class _Evaluate:
         costs: dict[S.Genome, float] = {}
         for i in range(0, len(keep), self.BATCH):
             batch = keep[i:i + self.BATCH]
-            if time.monotonic() >= self.deadline:
+            if self.evaluator.spent():
                 self.skipped.update(batch)
                 continue
-            costs.update(zip(batch, self.evaluator([S.to_options(self.space, g) for g in batch])))
+            options = [S.to_options(self.space, g) for g in batch]
+            costs.update(zip(batch, self.evaluator(options)))
+            self.skipped.update(g for g, o in zip(batch, options) if o.to_json() in self.evaluator.cut)
         return [costs.get(g, math.inf) for g in genomes]
 
 
@@ -217,11 +221,12 @@ def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCac
         best, best_time = MappingOptions(), default_time
     else:
         best, best_time = S.to_options(space, result.best), result.best_cost
-        if best != MappingOptions() and result.stopped != "interrupted":  # the two side by side, once more
+        if best != MappingOptions() and result.stopped != "interrupted" and not evaluator.spent():
+            # the two side by side, once more: not faster there is within the noise of the search
             again_default, again_best = evaluator.retime([MappingOptions(), best])
             if math.isfinite(again_best):
                 default_time, best_time = again_default, again_best
-            if again_default <= again_best:  # not faster side by side: within the noise of the search
+            if math.isfinite(again_default) and again_default <= again_best:
                 best, best_time = MappingOptions(), again_default
         history = [{"generation": g.number, "best": g.best_cost, "median": g.median_cost if math.isfinite(
             g.median_cost) else None, "evaluated": g.evaluated, "invalid": g.invalid} for g in result.generations]

@@ -1,12 +1,17 @@
 """A tuning worker process: serves compile and timing requests of ``tcdsl.tuner.evaluate`` over
 two pipes (``python -m tcdsl.tuner.worker IN_FD OUT_FD RUNNER``); it never imports the user's
-script, and whatever a candidate does to it (a crash, a hang) ends here.
+script, and whatever a candidate does to it (a crash, a hang) ends here. When the tuning process
+goes away, the worker ends too, and takes whatever it started with it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -15,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tcdsl.options import MappingOptions
-from tcdsl.tuner.evaluate import FLUSH_BYTES, compile_candidate
+from tcdsl.tuner.evaluate import FLUSH_BYTES, WORKER_MARK, compile_candidate, kill_marked
 
 
 def _resolve(path: str) -> Callable[..., Any]:
@@ -68,5 +73,16 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
             replies.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
 
 
+def _end_with(parent: int) -> None:
+    """Poll until ``parent`` is gone (this process is then adopted), then kill this worker and
+    everything it started: a hung compile must not outlive the tuner."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    kill_marked(os.environ.get(WORKER_MARK, ""))
+    if os.getpgrp() == os.getpid():  # the group is this worker's own (see Worker._start)
+        os.killpg(0, signal.SIGKILL)
+
+
 if __name__ == "__main__":
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
     serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False), sys.argv[3])

@@ -1,0 +1,197 @@
+"""The autotuner against a real C compiler that hangs or crashes: a ``CC`` wrapper around the
+system compiler that faults on every source but the default options' one. The budget bounds
+``autotune`` (hung compiles included), the defaults still come back and compute right, and no
+process the tuner started (wrapper, compiler, their children) outlives it."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcdsl as tc
+from tcdsl.codegen import toolchain
+from tcdsl.options import MappingOptions
+from tcdsl.tuner.cache import TuningCache
+from tcdsl.tuner.evaluate import GRACE_S, ArgSpec, compile_candidate
+
+pytestmark = pytest.mark.cpu
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+M, K, N = 24, 16, 20
+SLACK_S = 3.0  # killing the workers and the final bookkeeping, past the deadline's grace
+MARK = "TCDSL_TEST_CC_MARK"  # in the environment of every process the tests' tuner starts
+
+# The mode file says what the wrapper does with a source other than allowed.c: "record" (copy it to
+# allowed.c, then compile), "pass", "hang" (a child that sleeps, as a stuck cc1 would), "segv" or
+# "kill" (the compiler dies of that signal). Queries without a source (--version, the CPU target)
+# always answer.
+WRAPPER = """#!/bin/sh
+dir={dir}
+echo $$ >> "$dir/pids"
+src=
+for a in "$@"; do case "$a" in *.c) src=$a;; esac; done
+mode=$(cat "$dir/mode")
+if [ -z "$src" ]; then exec {cc} "$@"; fi
+if [ "$mode" = record ]; then cp "$src" "$dir/allowed.c"; exec {cc} "$@"; fi
+if [ "$mode" = pass ] || cmp -s "$src" "$dir/allowed.c"; then exec {cc} "$@"; fi
+case "$mode" in
+  hang) sleep 3600 & echo $! >> "$dir/sleepers"; wait;;
+  segv) kill -SEGV $$;;
+  kill) kill -KILL $$;;
+esac
+exit 1
+"""
+
+
+class FaultyCC:
+    """The wrapper's folder: its mode, and the processes it and the tuner started."""
+
+    def __init__(self, folder: Path, mark: str) -> None:
+        self.folder, self.mark = folder, mark
+
+    def set_mode(self, mode: str) -> None:
+        (self.folder / "mode").write_text(mode)
+
+    def pids(self, name: str) -> list[int]:
+        f = self.folder / name
+        return [int(x) for x in f.read_text().split()] if f.exists() else []
+
+    def marked(self) -> list[int]:
+        """Live processes (not zombies: they show no environment) that carry this test's mark."""
+        needle = f"{MARK}={self.mark}\0".encode()
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    with open(f"/proc/{name}/environ", "rb") as f:
+                        if needle in f.read():
+                            found.append(int(name))
+                except OSError:
+                    pass
+        return found
+
+    def survivors(self, wait_s: float = 3.0) -> list[int]:
+        """The marked processes still alive after up to ``wait_s`` (a SIGKILL takes a moment)."""
+        end = time.monotonic() + wait_s
+        while (alive := self.marked()) and time.monotonic() < end:
+            time.sleep(0.05)
+        return alive
+
+
+@pytest.fixture
+def faulty_cc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultyCC]:
+    real = toolchain.compiler()
+    real = [shutil.which(real[0]) or real[0], *real[1:]]
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    script = folder / "cc"
+    script.write_text(WRAPPER.format(dir=shlex.quote(str(folder)), cc=shlex.join(real)))
+    script.chmod(0o755)
+    cc = FaultyCC(folder, uuid.uuid4().hex)
+    monkeypatch.setenv("CC", str(script))
+    monkeypatch.setenv(MARK, cc.mark)
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path / "record"))
+    cc.set_mode("record")  # the default options' source as the tuner builds it, in a cache of its own
+    specs = [ArgSpec.of(a) for a in inputs()]
+    assert compile_candidate(str(tc.define(MM).checked), specs, MappingOptions().to_json()) is None
+    assert (folder / "allowed.c").exists()
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path / "cache"))  # the tuner finds the defaults unbuilt
+    yield cc
+    for pid in cc.marked():  # a failed test leaves nothing behind
+        os.kill(pid, signal.SIGKILL)
+
+
+def inputs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+
+
+def check_numbers(cc: FaultyCC, options: MappingOptions) -> None:
+    """A new kernel run with ``options`` against numpy, within the rounding of K float32 products
+    (built by the real compiler where this process's source differs from the tuner's)."""
+    cc.set_mode("pass")
+    A, B = inputs()
+    got = tc.define(MM)(A, B, options=options)
+    atol = 4 * np.finfo(np.float32).eps * K * np.abs(A).max() * np.abs(B).max()
+    np.testing.assert_allclose(got, A.astype(np.float64) @ B, rtol=0, atol=atol)
+
+
+def tune(tmp_path: Path, **settings: object) -> tuple[object, float]:
+    """autotune on the small matmul, its own tuning cache; (result, seconds it took)."""
+    A, B = inputs()
+    t0 = time.monotonic()
+    result = tc.define(MM).autotune(A, B, seed=0, progress=False, patience=None, reps=2,
+                                    cache=TuningCache(tmp_path / "tuning.sqlite"), **settings)
+    return result, time.monotonic() - t0
+
+
+def test_the_survivor_check_sees_a_marked_process(faulty_cc: FaultyCC):
+    proc = subprocess.Popen(["sleep", "30"], env=dict(os.environ))
+    try:
+        assert proc.pid in faulty_cc.survivors(wait_s=0)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert faulty_cc.survivors() == []
+
+
+def test_the_budget_stops_compiles_that_hang_and_the_defaults_win(faulty_cc: FaultyCC, tmp_path: Path):
+    faulty_cc.set_mode("hang")
+    budget = 8.0
+    result, spent = tune(tmp_path, generations=3, population=4, budget=budget)
+    print(f"budget {budget} s: returned after {spent:.2f} s")
+    assert spent < budget + GRACE_S + SLACK_S, spent
+    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert faulty_cc.survivors() == []
+    assert result.options == MappingOptions() and math.isfinite(result.time_s) and result.time_s > 0
+    assert result.stopped == "budget"
+    assert result.invalid == 0 and result.rejected == []  # stopped by the budget, not found invalid
+    check_numbers(faulty_cc, result.options)
+
+
+def test_the_budget_bounds_a_search_where_nothing_compiles(faulty_cc: FaultyCC, tmp_path: Path):
+    (faulty_cc.folder / "allowed.c").unlink()  # the defaults hang too
+    faulty_cc.set_mode("hang")
+    budget = 3.0
+    result, spent = tune(tmp_path, generations=2, population=3, budget=budget)
+    print(f"budget {budget} s, nothing compiles: returned after {spent:.2f} s")
+    assert budget + GRACE_S - 1.0 < spent < budget + GRACE_S + SLACK_S, spent  # the grace waits for a first one
+    assert faulty_cc.survivors() == []
+    assert result.options == MappingOptions() and result.time_s == math.inf
+    check_numbers(faulty_cc, result.options)
+
+
+def test_a_compile_timeout_kills_the_compiler_and_its_children(faulty_cc: FaultyCC, tmp_path: Path):
+    faulty_cc.set_mode("hang")
+    result, spent = tune(tmp_path, generations=1, population=3, compile_timeout=6.0)
+    print(f"compile timeout 6 s: returned after {spent:.2f} s")
+    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert faulty_cc.survivors() == []
+    assert result.options == MappingOptions() and math.isfinite(result.time_s)
+    assert result.invalid == 2 and all("compile timed out after 6 s" in why for _, why in result.rejected)
+    assert spent < 30.0, spent
+    check_numbers(faulty_cc, result.options)
+
+
+@pytest.mark.parametrize("signal_name", ["segv", "kill"])
+def test_a_compiler_that_crashes_scores_its_candidates_invalid(faulty_cc: FaultyCC, tmp_path: Path,
+                                                               signal_name: str):
+    faulty_cc.set_mode(signal_name)
+    result, spent = tune(tmp_path, generations=2, population=4, budget=40.0)
+    print(f"compiler killed by SIG{signal_name.upper()}: returned after {spent:.2f} s")
+    assert faulty_cc.survivors() == []
+    assert result.options == MappingOptions() and math.isfinite(result.time_s)
+    assert result.invalid >= 3 and len(result.rejected) == result.invalid
+    assert all(why.startswith("compile: ") for _, why in result.rejected)
+    check_numbers(faulty_cc, result.options)
