@@ -1,0 +1,119 @@
+"""Grammar-based fuzzing (tests/fuzz_defs.py): valid defs drawn from every construct of the
+language run on the C backend and the reference interpreter with equal results; damaged texts
+give a located ``TcError`` or run. The default run is deterministic and stays well under a
+minute; ``--run-slow`` runs each property for minutes. Outcomes are counted and printed at the
+end of the session.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
+    import fuzz_defs as F
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fuzz_defs as F
+
+
+def _settings(n: int, slow: bool) -> settings:
+    # the default run is the same on every machine (derandomize); the slow one explores
+    return settings(max_examples=n, deadline=None, derandomize=not slow, database=None, print_blob=slow,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much, HealthCheck.large_base_example])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Compiled kernels go to a private cache; the outcome counts are printed at the end."""
+    d = tmp_path_factory.mktemp("tcdsl-fuzz-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TCDSL_CACHE_DIR", str(d))
+        mp.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
+        mp.setenv("TCDSL_SCHEDULE_TIMEOUT", "3")  # a stalled isl scheduler is counted, not waited on
+        yield
+    if F.STATS:
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled():
+            print("\nfuzzer outcomes:")
+            for outcome, n in sorted(F.STATS.items()):
+                print(f"  {n:6d}  {outcome}")
+            for key, src in F.WARNED.items():
+                print(f"  warning {key}, shortest source:\n{src}")
+
+
+def _count(prefix: str, outcome: str) -> None:
+    F.STATS[f"{prefix}: {outcome}"] += 1
+
+
+def _front_end(case: F.Case) -> None:
+    _count("valid, numpy", F.check_case(case, run_c=False))
+
+
+def _differential(case: F.Case) -> None:
+    _count("valid, C vs numpy", F.check_case(case, run_c=True))
+
+
+def _mutant(mutant: tuple[str, F.DefSpec], seed: int, run_c: bool) -> None:
+    _count("mutant" + (", C vs numpy" if run_c else ""), F.check_mutant(mutant[0], seed, run_c))
+
+
+# ---- default run: deterministic, well under a minute in all ------------------------------------
+
+
+@_settings(150, slow=False)
+@given(F.cases())
+def test_valid_defs_run_on_the_interpreter(case: F.Case) -> None:
+    _front_end(case)
+
+
+@pytest.mark.cpu
+@_settings(25, slow=False)
+@given(F.cases())
+def test_valid_defs_agree_between_c_and_the_interpreter(case: F.Case) -> None:
+    _differential(case)
+
+
+@_settings(300, slow=False)
+@given(F.mutants(), st.integers(0, 2**32 - 1))
+def test_mutated_defs_raise_located_errors_or_run(mutant: tuple[str, F.DefSpec], seed: int) -> None:
+    _mutant(mutant, seed, run_c=False)
+
+
+# ---- slow sweeps (--run-slow): about ten minutes together ---------------------------------------
+
+
+@pytest.mark.slow
+@_settings(3000, slow=True)
+@given(F.cases())
+def test_slow_valid_defs_on_the_interpreter(case: F.Case) -> None:
+    _front_end(case)
+
+
+@pytest.mark.slow
+@pytest.mark.cpu
+@_settings(600, slow=True)
+@given(F.cases())
+def test_slow_valid_defs_c_against_the_interpreter(case: F.Case) -> None:
+    _differential(case)
+
+
+@pytest.mark.slow
+@_settings(5000, slow=True)
+@given(F.mutants(), st.integers(0, 2**32 - 1))
+def test_slow_mutated_defs(mutant: tuple[str, F.DefSpec], seed: int) -> None:
+    _mutant(mutant, seed, run_c=False)
+
+
+@pytest.mark.slow
+@pytest.mark.cpu
+@_settings(200, slow=True)
+@given(F.mutants(), st.integers(0, 2**32 - 1))
+def test_slow_mutated_defs_c_against_the_interpreter(mutant: tuple[str, F.DefSpec], seed: int) -> None:
+    _mutant(mutant, seed, run_c=True)
