@@ -270,6 +270,8 @@ class _Eval:
                 self._check(e, d, v, extent, live, "gather")
                 v = np.clip(v, 0, max(extent - 1, 0))
             idx.append(v)
+        if arr.size == 0:  # no point reads it (checked above, or masked off): the value is never used
+            return np.zeros(np.broadcast_shapes(*(np.shape(v) for v in idx)), dtype=arr.dtype)
         return arr[tuple(idx)]
 
 

@@ -346,3 +346,12 @@ def test_index_range_past_int64_is_a_located_error(run: str) -> None:
             tc.define(src)(A23, backend="numpy")
         else:
             run_interp(src, A=A23)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_a_select_branch_reading_an_empty_tensor_is_never_taken(n: int) -> None:
+    k = tc.define("def catc(float(R, N) A, float(R, M) B) -> (O) "
+                  "{ O(r, j) = j < N ? A(r, j) : B(r, j - N) where j in 0:N + M }")
+    a = np.arange(3 * n, dtype=np.float32).reshape(3, n) - 10
+    b = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(k(a, b, backend="numpy"), np.concatenate([a, b], axis=1))
