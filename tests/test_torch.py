@@ -20,6 +20,17 @@ from tcdsl.nn import TcModule  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import has_cuda  # noqa: E402
 from grad_defs import CASES, GradCase, make  # noqa: E402
+from tolerance import assert_close, assert_sum_close  # noqa: E402
+
+
+def _terms(*arrays) -> int:
+    """A generous bound on the terms summed into one element of a result or gradient: each term reads
+    one element of some argument, so there are at most as many as the arguments hold in all."""
+    return sum(a.numel() if isinstance(a, torch.Tensor) else int(np.size(a)) for a in arrays)
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().numpy()
 
 
 def _tensors(case: GradCase, seed: int = 0) -> list:
@@ -41,7 +52,7 @@ def test_gradcheck_on_c_backend(case: GradCase) -> None:
     want = k(*[a.detach().numpy() for a in args], backend="numpy")
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert isinstance(g, torch.Tensor) and g.dtype == torch.float64
-        np.testing.assert_allclose(g.detach().numpy(), w, rtol=1e-12, atol=1e-12)
+        assert_close(_np(g), w, terms=_terms(*args))
     assert torch.autograd.gradcheck(k, tuple(args), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
@@ -53,12 +64,12 @@ def test_gradients_only_for_inputs_that_require_them() -> None:
     C = k(A, B)
     C.mul_(2)  # in place: autograd keeps only what the backward def reads (A's gradient needs B, not C)
     C.sum().backward()
-    np.testing.assert_allclose(A.grad.numpy(), 2 * np.ones((3, 2)) @ B.numpy().T, rtol=1e-12)
+    assert_sum_close(A.grad.numpy(), lambda B: 2 * np.ones((3, 2)) @ B.T, B.numpy(), terms=2)
     assert B.grad is None
     with torch.no_grad():
         C = k(A, B)
     assert not C.requires_grad
-    np.testing.assert_allclose(C.numpy(), A.detach().numpy() @ B.numpy(), rtol=1e-12)
+    assert_sum_close(C.numpy(), np.matmul, _np(A), B.numpy(), terms=4)
 
 
 @pytest.mark.cpu
@@ -66,10 +77,10 @@ def test_non_contiguous_tensors_and_out() -> None:
     k = tc.define(CASES[0].source)
     A = torch.rand(4, 3, dtype=torch.float64).t()  # a transposed view
     B = torch.rand(4, 2, dtype=torch.float64)
-    np.testing.assert_allclose(k(A, B).numpy(), A.numpy() @ B.numpy(), rtol=1e-12)
+    assert_sum_close(k(A, B).numpy(), np.matmul, A.numpy(), B.numpy(), terms=4)
     out = torch.empty(3, 2, dtype=torch.float64)
     assert k(A, B, out=out) is out
-    np.testing.assert_allclose(out.numpy(), A.numpy() @ B.numpy(), rtol=1e-12)
+    assert_sum_close(out.numpy(), np.matmul, A.numpy(), B.numpy(), terms=4)
 
 
 @pytest.mark.cpu
@@ -100,9 +111,20 @@ def test_torch_compile() -> None:
         p.grad = None
     want = reference(X)
     want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    # A layer norm over 2 features makes the loss almost constant in h: its gradients are small sums
+    # of large terms, |dL/dh| <= top without cancellation, and the backward's terms move by top/sigma
+    # per unit of h's own rounding (h_abs: the sums of |terms| of h). Errors scale with those.
+    x, w1, b1, w2, b2, gain = (np.abs(_np(t)) for t in (X, W1, B1, W2, B2, G))
+    h_abs = np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+    h = _np(torch.relu(X @ W1.t() + B1) @ W2.t() + B2)
+    sigma = np.sqrt(h.var(axis=1) + 1e-5).min()
+    top = 2 * np.abs(_np(torch.nn.functional.layer_norm(torch.from_numpy(h), (2,), G, Bt, eps=1e-5))).max() \
+        * gain.max() / sigma
+    below = max(1.0, w2.max() * x.max(), w2.max(), np.maximum(x @ w1.T + b1, 0).max(), h_abs.max())
+    terms = _terms(X, W1, B1, W2, B2, G, Bt)
+    assert_close(_np(got), _np(want), terms=terms, scale=top * h_abs.max())
     for g, p in zip(grads, (W1, B1, W2, B2, G)):
-        torch.testing.assert_close(g, p.grad, rtol=1e-7, atol=1e-9)
+        assert_close(_np(g), _np(p.grad), terms=terms, scale=top * (1 + h_abs.max() / sigma) * below)
 
 
 BWD_SCALED = """
@@ -124,8 +146,8 @@ def test_user_supplied_backward() -> None:
     A, B = _tensors(CASES[0])
     scaled(A, B).sum().backward()
     ones = np.ones((3, 2))
-    np.testing.assert_allclose(A.grad.numpy(), 2 * ones @ B.detach().numpy().T, rtol=1e-12)
-    np.testing.assert_allclose(B.grad.numpy(), 3 * A.detach().numpy().T @ ones, rtol=1e-12)
+    assert_sum_close(A.grad.numpy(), lambda B: 2 * ones @ B.T, _np(B), terms=2)
+    assert_sum_close(B.grad.numpy(), lambda A: 3 * A.T @ ones, _np(A), terms=3)
 
 
 @pytest.mark.cpu
@@ -140,19 +162,28 @@ def test_module_trains() -> None:
     x = torch.randn(2, 2, 5, 4)
     y = m(x)
     ref = torch.relu(torch.nn.functional.conv2d(x, m.Wt, m.Bias, padding=1))
-    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+    def conv_bias(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return torch.nn.functional.conv2d(*map(torch.from_numpy, (x, w, b)), padding=1).numpy()
+
+    # the forward: 2*3*3 products and the bias; relu changes no bound
+    y_terms = conv_bias(*(np.abs(_np(t)).astype(np.float64) for t in (x, m.Wt, m.Bias)))
+    assert_close(_np(y), _np(ref), terms=19, scale=y_terms)
+    # d(sum y^2)/dWt: 2*5*4 terms 2 y x, each y within the forward's bound: y_terms bounds |y| and its error
+    g_terms = torch.nn.grad.conv2d_weight(torch.from_numpy(np.abs(_np(x)).astype(np.float64)), tuple(m.Wt.shape),
+                                          torch.from_numpy(2 * y_terms), padding=1).numpy()
     y.square().sum().backward()
     wg, bg = m.Wt.grad.clone(), m.Bias.grad.clone()
     m.zero_grad()
     ref.square().sum().backward()
-    torch.testing.assert_close(wg, m.Wt.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(bg, m.Bias.grad, rtol=1e-4, atol=1e-4)
+    assert_close(_np(wg), _np(m.Wt.grad), terms=40 + 19, scale=g_terms)
+    assert_close(_np(bg), _np(m.Bias.grad), terms=40 + 19, scale=2 * y_terms.sum(axis=(0, 2, 3)))
     m.zero_grad()
     compiled = torch.compile(m, backend="aot_eager", fullgraph=True)  # parameters as kernel arguments
     out = compiled(x)
-    torch.testing.assert_close(out, y)
+    assert_close(_np(out), _np(y), terms=19, scale=y_terms)
     out.square().sum().backward()
-    torch.testing.assert_close(m.Wt.grad, wg, rtol=1e-6, atol=1e-6)
+    assert_close(_np(m.Wt.grad), _np(wg), terms=40 + 19, scale=g_terms)
 
 
 @pytest.mark.cpu
@@ -196,17 +227,18 @@ def test_save_choices_give_the_same_gradients() -> None:
         (k(X) * torch.arange(5.0, dtype=torch.float64)).sum().backward()
         grads.append(X.grad.clone())
         X.grad = None
+    terms = 2 * _terms(X)  # the forward's sums and the backward's
     for g in grads[1:]:
-        torch.testing.assert_close(g, grads[0], rtol=1e-12, atol=1e-12)
+        assert_close(_np(g), _np(grads[0]), terms=terms)
     ref = X.detach().clone().requires_grad_(True)
     (torch.softmax(ref, 1) * torch.arange(5.0, dtype=torch.float64)).sum().backward()
-    torch.testing.assert_close(grads[0], ref.grad, rtol=1e-10, atol=1e-12)
+    assert_close(_np(grads[0]), _np(ref.grad), terms=terms)
 
 
 def test_product_reduction_fails_at_the_call_that_needs_a_gradient() -> None:
     k = tc.define("def p(double(M, N) A) -> (P) {\n  P(i) *=! A(i, j)\n}")
     A = torch.rand(2, 3, dtype=torch.float64)
-    torch.testing.assert_close(k(A, backend="numpy"), A.prod(1))  # no gradient needed: runs
+    assert_close(_np(k(A, backend="numpy")), _np(A.prod(1)), terms=3, scale=_np(A.prod(1)))  # no gradient needed
     with pytest.raises(tc.TcGradientError) as exc:
         k(A.requires_grad_(True), backend="numpy")
     _located(exc, 2, 3, "a product reduction")
@@ -246,7 +278,7 @@ def test_module_copies_and_saves() -> None:
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     for other in (twin, loaded):
-        torch.testing.assert_close(other(x), x @ m.Wt.detach().t())
+        assert_sum_close(_np(other(x)), lambda x, w: x @ w.T, x.numpy(), _np(m.Wt), terms=4)
         assert other.Wt is not m.Wt and other.kernel is not m.kernel
 
 
@@ -256,7 +288,7 @@ def test_backward_runs_on_the_kernels_backend() -> None:
     k = tc.define(CASES[0].source, backend="numpy")  # the interpreter: nothing is compiled
     A, B = _tensors(CASES[0])
     k(A, B).sum().backward()
-    np.testing.assert_allclose(A.grad.numpy(), np.ones((3, 2)) @ B.detach().numpy().T, rtol=1e-12)
+    assert_sum_close(A.grad.numpy(), lambda B: np.ones((3, 2)) @ B.T, _np(B), terms=2)
     entries = [torch_ops._REGISTRY[key] for key in k._torch_backward_keys.values()]
     assert entries and all(e.kernel.backend == "numpy" and e.kernel.compile_count == 0 for e in entries)
 
@@ -270,5 +302,5 @@ def test_gradients_of_cuda_tensors_run_on_the_cuda_backend():  # pragma: no cove
     C = k(A, B)
     assert C.is_cuda
     C.sum().backward()
-    torch.testing.assert_close(C, A.detach() @ B.detach(), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(A.grad, torch.ones(33, 9, device="cuda") @ B.detach().T, rtol=1e-4, atol=1e-4)
+    assert_sum_close(_np(C), np.matmul, _np(A), _np(B), terms=17)
+    assert_sum_close(_np(A.grad), lambda B: np.ones((33, 9)) @ B.T, _np(B), terms=9)
