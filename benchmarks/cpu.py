@@ -524,7 +524,7 @@ class FmaPeak:
     def __init__(self) -> None:
         from tcdsl.codegen import toolchain
 
-        self.lib = ctypes.CDLL(str(toolchain.build(FMA_PEAK_C, "fma_peak")))
+        self.lib = toolchain.kernel_library(FMA_PEAK_C, "fma_peak", "")[0]  # verified bytes, as kernels
         self.fn = self.lib.tc_fma_peak
         self.fn.argtypes = [ctypes.c_long, ctypes.c_int]
         self.fn.restype = ctypes.c_double

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from tcdsl.codegen.gpu import ERR_INTS
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_TOL = 1e-4  # max |tcdsl - torch| / max |torch|
 SLOW_CALL_S = 2.0  # calls slower than this are timed once after the warm-up
@@ -448,7 +450,7 @@ class RawLaunch:
         arrays = {t.name: cp.ascontiguousarray(a) for t, a in zip(c.inputs, inputs)}
         for t in (*c.outputs, *c.temps):
             arrays[t.name] = cp.zeros(gk.inst.shapes[t.name], dtype=t.dtype)
-        self.err = cp.zeros(2, dtype=cp.int32)
+        self.err = cp.zeros(ERR_INTS, dtype=cp.int32)  # code, pad, int64 value (see codegen.gpu.tc_fail)
         self.args = [arrays[n] for n in gk.low.source.params] + [self.err]
         self.kernels = gk.kernels
         self.outputs = [arrays[t.name] for t in c.outputs]

@@ -125,14 +125,19 @@ class CKernel:
             alloc = np.empty if t.name in self.unwritten_ok else np.zeros
             arrays[t.name] = alloc(buffers.get(t.name, 0), dtype=t.dtype)
         err = np.zeros(2, dtype=np.int64)
-        code = self.fn(*(arrays[n].__array_interface__["data"][0] for n in self.low.source.params),
-                       err.__array_interface__["data"][0])
+        # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
+        passed = [arrays[n] if arrays[n].size else np.zeros(1, arrays[n].dtype) for n in self.low.source.params]
+        code = self.fn(*(_address(a) for a in passed), _address(err))
         if code:
             raise self._error(int(err[0]), int(err[1]))
         return {t.name: arrays[t.name] for t in c.outputs}
 
     def _error(self, code: int, value: int) -> TcRuntimeError:
         return runtime_error(self.inst, self.low.source.errors, code, value)
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
 
 
 def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int, value: int) -> TcRuntimeError:
