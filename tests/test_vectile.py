@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
 from tcdsl.codegen import toolchain
@@ -31,25 +32,31 @@ def _conv(I: np.ndarray, W: np.ndarray) -> np.ndarray:
     return np.einsum("nchwkl,fckl->nfhw", win, W, dtype=np.float64)
 
 
-# (id, source, shapes, options, numpy reference, what the vector tile must show)
+def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.astype(np.float64) @ b
+
+
+# (id, source, shapes, options, numpy reference, what the vector tile must show, (terms K, a function
+# that is each element's sum of |terms| when given |inputs|))
 CASES = [
-    ("conv-overlap", CONV, [(2, 8, 20, 20), (8, 8, 3, 3)], None, _conv, ("overlapping", "_mm512_setzero_ps")),
-    ("matmul-whole", MATMUL, [(24, 40), (40, 48)], None, lambda a, b: a.astype(np.float64) @ b,
-     ("_mm512_setzero_ps",)),
-    ("matmul-k-tiles", MATMUL, [(64, 256), (256, 64)], MappingOptions(tile=(4, 32, 8)),
-     lambda a, b: a.astype(np.float64) @ b, ("_mm512_loadu_ps(&t2",)),
-    ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, lambda a, b: a.astype(np.float64) @ b,
-     ("if (tc_lmin(",)),  # 6-row tiles of 100 rows: the last tile takes the scalar path
-    ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 80)], None, lambda a, b: a.astype(np.float64) @ b,
-     ("if (tc_lmin(", "overlapping", "a 6x40 register tile")),
+    ("conv-overlap", CONV, [(2, 8, 20, 20), (8, 8, 3, 3)], None, _conv, ("overlapping", "_mm512_setzero_ps"),
+     (72, _conv)),
+    ("matmul-whole", MATMUL, [(24, 40), (40, 48)], None, _mm, ("_mm512_setzero_ps",), (40, _mm)),
+    ("matmul-k-tiles", MATMUL, [(64, 256), (256, 64)], MappingOptions(tile=(4, 32, 8)), _mm,
+     ("_mm512_loadu_ps(&t2",), (256, _mm)),
+    ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, _mm,
+     ("if (tc_lmin(",), (64, _mm)),  # 6-row tiles of 100 rows: the last tile takes the scalar path
+    ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 80)], None, _mm,
+     ("if (tc_lmin(", "overlapping", "a 6x40 register tile"), (300, _mm)),
     ("sum-of-difference", SUM, [(4, 20), (20, 40)], None,
      lambda a, b: a.sum(1, dtype=np.float64)[:, None] - 0.5 * b.sum(0, dtype=np.float64)[None, :],
-     ("overlapping", "_mm512_sub_ps", "_mm512_set1_ps(0x1")),
+     ("overlapping", "_mm512_sub_ps", "_mm512_set1_ps(0x1"),
+     (20, lambda a, b: a.sum(1)[:, None] + 0.5 * b.sum(0)[None, :])),
 ]
 
 
 def _run(case: tuple, cc: str | None = None, **extra: object) -> tuple[np.ndarray, str, list[np.ndarray]]:
-    _, src, shapes, options, _, _ = case
+    _, src, shapes, options, _, _, _ = case
     k = tc.define(src)
     rng = np.random.default_rng(0)
     args = [(rng.random(s) * 2 - 1).astype(np.float32) for s in shapes]
@@ -68,8 +75,8 @@ def test_vector_tile_matches_scalar_and_numpy(case: tuple) -> None:
     assert "#if TC_VEC16" not in scalar_src
     # the same multiply-adds in the same order per element: the same bits
     np.testing.assert_array_equal(got, scalar)
-    want = case[4](*args)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    terms, sum_abs = case[6]
+    assert_close(got, case[4](*args), terms=terms, scale=abs_terms(sum_abs, *args))
     assert not np.array_equal(got, np.zeros_like(got))
 
 
@@ -105,7 +112,7 @@ def test_conv_tile_shape() -> None:
     assert src.count("_mm512_fmadd_ps") == 16
     assert src.count("_mm512_loadu_ps(&t0") == 4  # columns 0, 16, 32 and 38
     assert '"+v"' in src
-    np.testing.assert_allclose(k(I, W), _conv(I, W), rtol=1e-5)
+    assert_sum_close(k(I, W), _conv, I, W, terms=72)
 
 
 SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
@@ -135,7 +142,9 @@ def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D:
     got = k(X)
     np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC16=0", SOFTMAX, [X]), got)
     e = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
-    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=2e-6, atol=1e-9)
+    want = e / e.sum(1, keepdims=True)
+    # all terms positive: within D roundings of the sum and ~20 of exp's argument, relative to each element
+    assert_close(got, want, terms=D + 20, scale=want)
 
 
 @pytest.mark.parametrize("D", [48, 50])
@@ -152,4 +161,5 @@ def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     stores = [line for line in src.split("\n") if "_mm512_storeu_ps" in line]
     assert len(stores) == (2 if D % 16 == 0 else 0), src
     want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
-    np.testing.assert_allclose(k(X, M, S), want, rtol=1e-6)
+    # a handful of roundings, relative to |X| + |M| where X - M cancels (all inputs are positive)
+    assert_close(k(X, M, S), want, terms=4, scale=((X + M[:, None]) * 0.5 / S[:, None]) * X)
