@@ -11,6 +11,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -195,3 +196,23 @@ def test_a_compiler_that_crashes_scores_its_candidates_invalid(faulty_cc: Faulty
     assert result.invalid >= 3 and len(result.rejected) == result.invalid
     assert all(why.startswith("compile: ") for _, why in result.rejected)
     check_numbers(faulty_cc, result.options)
+
+
+def test_the_workers_end_with_a_tuner_killed_mid_compile(faulty_cc: FaultyCC, tmp_path: Path):
+    faulty_cc.set_mode("hang")
+    script = (f"import numpy as np, tcdsl as tc\n"
+              f"from tcdsl.tuner.cache import TuningCache\n"
+              f"rng = np.random.default_rng(0)\n"
+              f"A, B = rng.standard_normal(({M}, {K}), np.float32), rng.standard_normal(({K}, {N}), np.float32)\n"
+              f"tc.define({MM!r}).autotune(A, B, generations=1, population=3, progress=False,\n"
+              f"                           cache=TuningCache({str(tmp_path / 'tuning.sqlite')!r}))\n")
+    tuner = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ))
+    try:
+        end = time.monotonic() + 60
+        while not faulty_cc.pids("sleepers") and time.monotonic() < end and tuner.poll() is None:
+            time.sleep(0.1)
+        assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    finally:
+        tuner.kill()
+        tuner.wait()
+    assert faulty_cc.survivors(wait_s=5.0) == []  # each worker sees its parent go within a second

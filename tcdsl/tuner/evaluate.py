@@ -327,6 +327,11 @@ class Evaluator:
         """Whether the deadline has passed."""
         return time.monotonic() >= self.deadline
 
+    def out_of_time(self) -> bool:
+        """Whether to start nothing more: past the deadline with a valid time known, or past its grace."""
+        now = time.monotonic()
+        return now >= self.deadline and (math.isfinite(self.best) or now >= self.deadline + GRACE_S)
+
     def _limit(self, seconds: float) -> float:
         """``seconds``, or what is left until ``GRACE_S`` past the deadline if that is less."""
         return min(seconds, max(0.0, self.deadline + GRACE_S - time.monotonic()))
@@ -361,7 +366,7 @@ class Evaluator:
         if compile_error:
             self._reject(text, f"compile: {compile_error}")
             return math.inf
-        if self.spent() and math.isfinite(self.best):  # out of time, and a valid time known
+        if self.out_of_time():
             self.cut.add(text)
             return math.inf
         try:
@@ -452,7 +457,7 @@ class Evaluator:
         costs = []
         for text, f in zip(texts, futures):
             try:
-                if f is None or (self.spent() and math.isfinite(self.best)):
+                if f is None or self.out_of_time():
                     raise OutOfBudget
                 reply = self._remote_reply(f, timeout)
                 if reply[0] != "ok":

@@ -16,7 +16,7 @@ import platform
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -156,6 +156,8 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
                       elites=min(elites, population - 1), patience=patience, budget_s=budget, seed=seed)
     reference = kernel(*arrays, backend="numpy")
     reference = list(reference) if isinstance(reference, tuple) else [reference]
+    if budget is not None:  # the search gets what the setup left
+        config = replace(config, budget_s=max(0.0, deadline - time.monotonic()))
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
                           backend=backend, time_on=time_on, deadline=deadline)
@@ -180,9 +182,9 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
 
 
 class _Evaluate:
-    """The search's cost function: pruned genomes are not compiled; once the evaluator's deadline
-    has passed, the rest of a generation is skipped (scored inf, counted apart from the invalid),
-    and so are the candidates the deadline stopped."""
+    """The search's cost function: pruned genomes are not compiled; once the evaluator is out of
+    time, the rest of a generation is skipped (scored inf, counted apart from the invalid), and so
+    are the candidates its deadline stopped."""
 
     BATCH = 8  # candidates compiled together between deadline checks
 
@@ -195,7 +197,7 @@ class _Evaluate:
         costs: dict[S.Genome, float] = {}
         for i in range(0, len(keep), self.BATCH):
             batch = keep[i:i + self.BATCH]
-            if self.evaluator.spent():
+            if self.evaluator.out_of_time():
                 self.skipped.update(batch)
                 continue
             options = [S.to_options(self.space, g) for g in batch]
