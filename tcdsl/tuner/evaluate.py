@@ -197,6 +197,8 @@ def kill_tree(leader: int, token: str) -> None:
         os.killpg(leader, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    except AttributeError:  # no process groups (Windows): the worker alone
+        os.kill(leader, signal.SIGTERM)
     kill_marked(token)
 
 
@@ -284,10 +286,10 @@ class OutOfBudget(Exception):
 class Evaluator:
     """Scores candidate options of one kernel on fixed inputs (see the module docstring).
 
-    ``deadline`` (``time.monotonic()`` seconds) bounds every wait: compiles still running then are
-    stopped, and so is every wait after it, except that while no candidate has a valid time, one
-    that compiled is still timed and checked for up to ``GRACE_S`` more. Candidates the deadline
-    stopped land in ``cut``, not in ``rejected``."""
+    ``deadline`` (``time.monotonic()`` seconds) bounds every wait, compiles and runs alike: what
+    still runs then is stopped, except that while no candidate has a valid time, compiling, timing
+    and checking go on for up to ``GRACE_S`` more, so that one (the defaults first) gets scored.
+    Candidates the deadline stopped land in ``cut``, not in ``rejected``."""
 
     source: str
     inputs: list[np.ndarray]

@@ -79,8 +79,9 @@ def _end_with(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
     kill_marked(os.environ.get(WORKER_MARK, ""))
-    if os.getpgrp() == os.getpid():  # the group is this worker's own (see Worker._start)
+    if hasattr(os, "getpgrp") and os.getpgrp() == os.getpid():  # the group is this worker's (Worker._start)
         os.killpg(0, signal.SIGKILL)
+    os._exit(1)
 
 
 if __name__ == "__main__":
