@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,29 @@ def test_the_budget_bounds_a_search_where_nothing_compiles(faulty_cc: FaultyCC, 
     assert budget + GRACE_S - 1.0 < spent < budget + GRACE_S + SLACK_S, spent  # the grace waits for a first one
     assert faulty_cc.survivors() == []
     assert result.options == MappingOptions() and result.time_s == math.inf
+    check_numbers(faulty_cc, result.options)
+
+
+@pytest.mark.parametrize("time_on", ["local", "executor"])
+def test_the_budget_stops_waiting_for_an_executor(faulty_cc: FaultyCC, tmp_path: Path, time_on: str,
+                                                   monkeypatch: pytest.MonkeyPatch):
+    """Compiles (and, with time_on="executor", timings) run on an executor the tuner cannot kill: it
+    stops waiting for them; whoever owns the executor ends its tasks."""
+    faulty_cc.set_mode("hang")
+    budget = 8.0
+    monkeypatch.setenv("TCDSL_COMPILE_TIMEOUT", str(budget + GRACE_S + 30))  # the budget ends the wait first
+    pool = ThreadPoolExecutor(max_workers=2 if time_on == "local" else 1)  # time_remote keeps one timer per process
+    try:
+        result, spent = tune(tmp_path, generations=3, population=4, budget=budget, executor=pool, time_on=time_on)
+        print(f"budget {budget} s on an executor, time_on={time_on}: returned after {spent:.2f} s")
+    finally:
+        for pid in faulty_cc.marked():  # the executor's hung compiles, ended by their owner
+            os.kill(pid, signal.SIGKILL)
+        pool.shutdown(wait=True, cancel_futures=True)
+    assert spent < budget + GRACE_S + SLACK_S, spent
+    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert result.options == MappingOptions() and math.isfinite(result.time_s)
+    assert result.invalid == 0
     check_numbers(faulty_cc, result.options)
 
 

@@ -288,7 +288,8 @@ class Evaluator:
 
     ``deadline`` (``time.monotonic()`` seconds) bounds every wait, compiles and runs alike: what
     still runs then is stopped, except that while no candidate has a valid time, compiling, timing
-    and checking go on for up to ``GRACE_S`` more, so that one (the defaults first) gets scored.
+    and checking go on for up to ``GRACE_S`` more, so that one (the defaults first) gets scored
+    (see ``_end``).
     Candidates the deadline stopped land in ``cut``, not in ``rejected``."""
 
     source: str
@@ -329,19 +330,18 @@ class Evaluator:
         """Whether the deadline has passed."""
         return time.monotonic() >= self.deadline
 
+    def _end(self, compiled: bool = False) -> float:
+        """When waiting stops: at the deadline once something can be scored (a candidate has a
+        valid time, or, for compiles, one compiled), else ``GRACE_S`` later."""
+        return self.deadline if compiled or math.isfinite(self.best) else self.deadline + GRACE_S
+
     def out_of_time(self) -> bool:
-        """Whether to start nothing more: past the deadline with a valid time known, or past its grace."""
-        now = time.monotonic()
-        return now >= self.deadline and (math.isfinite(self.best) or now >= self.deadline + GRACE_S)
+        """Whether to start nothing more."""
+        return time.monotonic() >= self._end()
 
     def _limit(self, seconds: float) -> float:
-        """``seconds``, or what is left until ``GRACE_S`` past the deadline if that is less."""
-        return min(seconds, max(0.0, self.deadline + GRACE_S - time.monotonic()))
-
-    def _compile_stop(self, compiled: bool) -> float:
-        """When compiles stop: at the deadline once something can be timed (a candidate compiled,
-        or one has a valid time), else ``GRACE_S`` later."""
-        return self.deadline if compiled or math.isfinite(self.best) else self.deadline + GRACE_S
+        """``seconds``, or what is left until ``_end()`` if that is less."""
+        return min(seconds, max(0.0, self._end() - time.monotonic()))
 
     def _ask(self, worker: Worker, msg: tuple, seconds: float) -> tuple:
         """``worker``'s reply to ``msg`` within ``seconds``; OutOfBudget when the deadline cut that short."""
@@ -393,7 +393,7 @@ class Evaluator:
         idle = list(self._compilers)
         compiled = False
         while pending or busy:
-            stop = self._compile_stop(compiled)
+            stop = self._end(compiled)
             if time.monotonic() >= stop:  # the rest is not compiled
                 for w, _, _ in busy.values():
                     w.stop()
@@ -430,7 +430,7 @@ class Evaluator:
         timeout_at = time.monotonic() + self.compile_timeout_s
         compiled = False
         while futures:
-            stop = self._compile_stop(compiled)
+            stop = self._end(compiled)
             now = time.monotonic()
             if now >= min(stop, timeout_at):  # what is still running is not waited for
                 for f, i in futures.items():
