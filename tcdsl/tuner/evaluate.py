@@ -18,6 +18,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future
@@ -251,6 +252,7 @@ def _exit_reason(code: int | None) -> str:
 # ---- timing on an executor's workers ----------------------------------------------------------------
 
 _REMOTE_TIMERS: dict[tuple, Worker] = {}  # in an executor's worker process: the current job's timing process
+_REMOTE_LOCK = threading.Lock()  # one timing at a time per process, whatever the executor's threads
 
 
 def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: int, backend: str, runner: str,
@@ -258,22 +260,24 @@ def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: 
     """Runs on an executor's worker (a Dask worker on another machine, say): lowers, loads and
     times one candidate in an isolated timing process of that worker, which is kept for the job's
     next candidates (until another job comes); returns ("ok", seconds) or ("error", why). A
-    candidate that crashes or hangs ends that process, not the executor's worker."""
+    candidate that crashes or hangs ends that process, not the executor's worker. Tasks of one
+    process take turns (the timings stay apart, and so do the requests to the timing process)."""
     key = (source, tuple(ArgSpec.of(a) for a in inputs), reps, backend, runner)
-    timer = _REMOTE_TIMERS.get(key)
-    if timer is None:  # a new job: the last one's process goes
-        for old in _REMOTE_TIMERS.values():
-            old.stop()
-        _REMOTE_TIMERS.clear()
-        timer = _REMOTE_TIMERS[key] = Worker(runner)
-        timer.set_job(("job", source, inputs, reps, backend))
-    timer.send(("prepare", options_json))
-    reply = timer.receive(compile_timeout_s)
-    if reply[0] != "ok":
-        return ("error", f"compile: {reply[1]}")
-    timer.send(("time", options_json, False))
-    reply = timer.receive(run_timeout_s)
-    return ("ok", float(reply[1])) if reply[0] == "ok" else ("error", f"run: {reply[1]}")
+    with _REMOTE_LOCK:
+        timer = _REMOTE_TIMERS.get(key)
+        if timer is None:  # a new job: the last one's process goes
+            for old in _REMOTE_TIMERS.values():
+                old.stop()
+            _REMOTE_TIMERS.clear()
+            timer = _REMOTE_TIMERS[key] = Worker(runner)
+            timer.set_job(("job", source, inputs, reps, backend))
+        timer.send(("prepare", options_json))
+        reply = timer.receive(compile_timeout_s)
+        if reply[0] != "ok":
+            return ("error", f"compile: {reply[1]}")
+        timer.send(("time", options_json, False))
+        reply = timer.receive(run_timeout_s)
+        return ("ok", float(reply[1])) if reply[0] == "ok" else ("error", f"run: {reply[1]}")
 
 
 # ---- the evaluator ---------------------------------------------------------------------------------
