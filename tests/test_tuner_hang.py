@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from tcdsl.codegen import toolchain
 from tcdsl.options import MappingOptions
 from tcdsl.tuner.cache import TuningCache
 from tcdsl.tuner.evaluate import GRACE_S, ArgSpec, compile_candidate
+from tcdsl.tuner.tune import TuneResult
 
 pytestmark = pytest.mark.cpu
 
@@ -40,7 +42,6 @@ MARK = "TCDSL_TEST_CC_MARK"  # in the environment of every process the tests' tu
 # always answer.
 WRAPPER = """#!/bin/sh
 dir={dir}
-echo $$ >> "$dir/pids"
 src=
 for a in "$@"; do case "$a" in *.c) src=$a;; esac; done
 mode=$(cat "$dir/mode")
@@ -65,8 +66,9 @@ class FaultyCC:
     def set_mode(self, mode: str) -> None:
         (self.folder / "mode").write_text(mode)
 
-    def pids(self, name: str) -> list[int]:
-        f = self.folder / name
+    def sleepers(self) -> list[int]:
+        """The pids of the children that hung compiles started (the wrapper writes them down)."""
+        f = self.folder / "sleepers"
         return [int(x) for x in f.read_text().split()] if f.exists() else []
 
     def marked(self) -> list[int]:
@@ -129,7 +131,7 @@ def check_numbers(cc: FaultyCC, options: MappingOptions) -> None:
     np.testing.assert_allclose(got, A.astype(np.float64) @ B, rtol=0, atol=atol)
 
 
-def tune(tmp_path: Path, **settings: object) -> tuple[object, float]:
+def tune(tmp_path: Path, **settings: Any) -> tuple[TuneResult, float]:
     """autotune on the small matmul, its own tuning cache; (result, seconds it took)."""
     A, B = inputs()
     t0 = time.monotonic()
@@ -154,7 +156,7 @@ def test_the_budget_stops_compiles_that_hang_and_the_defaults_win(faulty_cc: Fau
     result, spent = tune(tmp_path, generations=3, population=4, budget=budget)
     print(f"budget {budget} s: returned after {spent:.2f} s")
     assert spent < budget + GRACE_S + SLACK_S, spent
-    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert faulty_cc.sleepers(), "no candidate's compile hung"
     assert faulty_cc.survivors() == []
     assert result.options == MappingOptions() and math.isfinite(result.time_s) and result.time_s > 0
     assert result.stopped == "budget"
@@ -192,7 +194,7 @@ def test_the_budget_stops_waiting_for_an_executor(faulty_cc: FaultyCC, tmp_path:
             os.kill(pid, signal.SIGKILL)
         pool.shutdown(wait=True, cancel_futures=True)
     assert spent < budget + GRACE_S + SLACK_S, spent
-    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert faulty_cc.sleepers(), "no candidate's compile hung"
     assert result.options == MappingOptions() and math.isfinite(result.time_s)
     assert result.invalid == 0
     check_numbers(faulty_cc, result.options)
@@ -202,7 +204,7 @@ def test_a_compile_timeout_kills_the_compiler_and_its_children(faulty_cc: Faulty
     faulty_cc.set_mode("hang")
     result, spent = tune(tmp_path, generations=1, population=3, compile_timeout=6.0)
     print(f"compile timeout 6 s: returned after {spent:.2f} s")
-    assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+    assert faulty_cc.sleepers(), "no candidate's compile hung"
     assert faulty_cc.survivors() == []
     assert result.options == MappingOptions() and math.isfinite(result.time_s)
     assert result.invalid == 2 and all("compile timed out after 6 s" in why for _, why in result.rejected)
@@ -234,9 +236,9 @@ def test_the_workers_end_with_a_tuner_killed_mid_compile(faulty_cc: FaultyCC, tm
     tuner = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ))
     try:
         end = time.monotonic() + 60
-        while not faulty_cc.pids("sleepers") and time.monotonic() < end and tuner.poll() is None:
+        while not faulty_cc.sleepers() and time.monotonic() < end and tuner.poll() is None:
             time.sleep(0.1)
-        assert faulty_cc.pids("sleepers"), "no candidate's compile hung"
+        assert faulty_cc.sleepers(), "no candidate's compile hung"
     finally:
         tuner.kill()
         tuner.wait()
