@@ -105,6 +105,7 @@ class Kernel:
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
         self._deep = deepstack.is_deep(checked.source, checked.stmts)
+        self._fit: set[int] = set()  # ids of cached instances whose tensors fit in memory
         self.__doc__ = self.__str__()
 
     def __repr__(self) -> str:
@@ -304,7 +305,9 @@ class Kernel:
         arrays = _coerce_inputs(self.checked, args)
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
-        limits.check_memory(inst)
+        if id(inst) not in self._fit:  # instances stay cached, so their ids stay theirs
+            limits.check_memory(inst)
+            self._fit.add(id(inst))
         if be == "opencl":
             gk = self._gpu_for(inst, "opencl", options or self._tuned_for(arrays, "opencl") or self.options)
             results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
@@ -483,7 +486,11 @@ def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | 
         from .autodiff import attach
 
         for k in kernels:
-            attach(k, backward, save, single=len(kernels) == 1)
+            if k._deep:
+                deepstack.call(attach, (k, backward, save), {"single": len(kernels) == 1}, what=f"def '{k.name}'",
+                               where=k.checked.source.name.span.location())
+            else:
+                attach(k, backward, save, single=len(kernels) == 1)
     if len(kernels) == 1:
         return kernels[0]
     return Library(**{k.name: k for k in kernels})

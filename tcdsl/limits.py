@@ -7,6 +7,7 @@ both are checked before any backend allocates or runs anything.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from . import ast as A
@@ -55,6 +56,8 @@ def check_memory(inst: Instance, available: int | None = None) -> None:
         return
     checked = inst.checked
     tensors = [*checked.outputs, *checked.temps]
+    if sum(_bytes(inst.shapes[t.name], t.dtype) for t in tensors) <= limit:
+        return
     total = 0
     for t in sorted(tensors, key=lambda t: -_bytes(inst.shapes[t.name], t.dtype)):
         shape = inst.shapes[t.name]
@@ -67,6 +70,7 @@ def check_memory(inst: Instance, available: int | None = None) -> None:
                                f"{_origin(checked, t, shape)}", _where(checked, t, shape))
 
 
+@functools.cache
 def physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
