@@ -11,6 +11,7 @@ here against the reference interpreter. A deadline (the tuner's budget) bounds e
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -199,7 +200,8 @@ def kill_tree(leader: int, token: str) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     except AttributeError:  # no process groups (Windows): the worker alone
-        os.kill(leader, signal.SIGTERM)
+        with contextlib.suppress(OSError):
+            os.kill(leader, signal.SIGTERM)
     kill_marked(token)
 
 
