@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +257,26 @@ def test_directories_and_files_are_private_under_umask_000(tmp_path: Path, monke
     files = {p: m for p, m in modes.items() if p not in dirs}
     assert {p.rsplit(".", 1)[-1] for p in files} == {"c", "so", "sha256"}
     assert all(m & 0o077 == 0 for m in files.values()), {p: oct(m) for p, m in files.items()}
+
+
+@pytest.mark.cpu
+def test_the_tuning_database_leaves_the_cache_private_under_a_loose_umask(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    from tcdsl.tuner.cache import TuningCache
+
+    top = tmp_path / "loose" / "cache"
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(top))
+    monkeypatch.delenv("TCDSL_TUNING_DB", raising=False)
+    A, B = inputs()
+    old = os.umask(0o002)
+    try:
+        TuningCache()  # made first, as by a tuning run: the kernel cache must still accept the dir
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_matmul(tc.define(MATMUL)(A, B, backend="c"), A, B)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(top.stat().st_mode) == 0o700 and any((top / "c").glob("*.so"))
 
 
 def _foreign(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

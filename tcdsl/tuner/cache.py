@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tcdsl import knobs
+from tcdsl.codegen.diskcache import mkdir_private
 from tcdsl.errors import TcError
 
 SCHEMA_VERSION = 1
@@ -132,7 +133,7 @@ class TuningCache:
         self.path: Path = Path(path) if path is not None else knobs.tuning_db()
         self.timeout_s = float(timeout_s)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            mkdir_private(self.path.parent)  # 0700, like the kernel cache beside it
         except OSError as e:
             raise TuningCacheError(f"cannot create the directory of the tuning cache {self.path}: {e}") from e
         self._init_schema()
