@@ -19,6 +19,7 @@ from .errors import (
                      TcTypeError,
                      TcWarning,
 )
+from .codegen.diskcache import TcCacheWarning
 from .options import MappingOptions
 
 __version__ = "0.1.0"
@@ -30,4 +31,4 @@ def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> 
 
 __all__ = ["define", "autotune", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
            "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
-           "TcCompileError", "TcGradientError", "TcWarning", "__version__"]
+           "TcCompileError", "TcGradientError", "TcWarning", "TcCacheWarning", "__version__"]
