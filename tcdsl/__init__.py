@@ -6,20 +6,20 @@
 from typing import Any
 
 from .api import GenericKernel, Kernel, Library, define
-from .errors import (
-                     TcArgumentError,
-                     TcCompileError,
-                     TcError,
-                     TcGradientError,
-                     TcRangeError,
-                     TcRuntimeError,
-                     TcScheduleError,
-                     TcSemanticError,
-                     TcSyntaxError,
-                     TcTypeError,
-                     TcWarning,
-)
 from .codegen.diskcache import TcCacheWarning
+from .errors import (
+    TcArgumentError,
+    TcCompileError,
+    TcError,
+    TcGradientError,
+    TcRangeError,
+    TcRuntimeError,
+    TcScheduleError,
+    TcSemanticError,
+    TcSyntaxError,
+    TcTypeError,
+    TcWarning,
+)
 from .options import MappingOptions
 
 __version__ = "0.1.0"
