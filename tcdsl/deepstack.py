@@ -75,7 +75,7 @@ def call(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None =
     _raise_limit()
     try:
         with _lock:
-            old = threading.stack_size(STACK_BYTES)
+            old = _set_stack_size()
             try:
                 worker = threading.Thread(target=target, name="tcdsl-deep", daemon=True)
                 worker.start()
@@ -92,6 +92,19 @@ def call(fn: Callable[..., R], args: tuple = (), kwargs: dict[str, Any] | None =
     if err is not None:
         raise err
     return box["value"]
+
+
+def _set_stack_size() -> int:
+    """Ask for STACK_BYTES for the next thread (or the most a platform allows, halving down to
+    64 MiB); returns the previous setting."""
+    size = STACK_BYTES
+    while True:
+        try:
+            return threading.stack_size(size)
+        except (ValueError, RuntimeError):
+            if size <= 64 << 20:
+                return threading.stack_size()
+            size //= 2
 
 
 def _raise_limit() -> None:

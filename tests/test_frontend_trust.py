@@ -5,6 +5,7 @@ located TcError of the right class; nothing else escapes."""
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -42,6 +43,12 @@ def located(fn, cls: type[TcError], line: int, col: int, *fragments: str, src: s
     for frag in fragments:
         assert frag in e.message, f"{frag!r} not in {e.message!r}"
     return e
+
+
+@functools.cache
+def kernel(src: str) -> tc.Kernel:
+    """``tc.define(src)``, once per source (the deep defs take seconds to parse)."""
+    return tc.define(src)
 
 
 def define_error(src: str, cls: type[TcError], line: int, col: int, *fragments: str) -> TcError:
@@ -192,9 +199,9 @@ def test_ten_thousand_operators_on_c() -> None:
 @pytest.mark.parametrize("count", [500, 501, 100_001])
 def test_unary_minus_runs(count: int, backend: str) -> None:
     a = f32(8)
-    k = tc.define("def f(float(N) A) -> (O) { O(i) = " + "-" * count + "A(i) }")
+    k = kernel("def f(float(N) A) -> (O) { O(i) = " + "-" * count + "A(i) }")
     np.testing.assert_array_equal(k(a, backend=backend), a if count % 2 == 0 else -a)
-    nots = tc.define("def f(float(N) A) -> (O) { O(i) = " + "!" * count + "A(i) }")
+    nots = kernel("def f(float(N) A) -> (O) { O(i) = " + "!" * count + "A(i) }")
     z = np.array([0.0, 1.0, -2.0, np.nan], np.float32)
     want = (z != 0) if count % 2 == 0 else (z == 0)
     np.testing.assert_array_equal(nots(z, backend=backend), want)
@@ -203,7 +210,7 @@ def test_unary_minus_runs(count: int, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_five_hundred_chained_operators(backend: str) -> None:
     a = f32(8)
-    k = tc.define("def f(float(N) A) -> (O) { O(i) = " + " + ".join(["A(i)"] * 501) + " }")
+    k = kernel("def f(float(N) A) -> (O) { O(i) = " + " + ".join(["A(i)"] * 501) + " }")
     got = k(a, backend=backend)
     assert np.all(np.abs(got - 501 * a.astype(np.float64)) <= pairwise_bound(501 * np.abs(a), 501))
 
@@ -214,12 +221,12 @@ M = 5000
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_five_thousand_nested_parentheses(backend: str) -> None:
     a = f32(8)
-    alternating = tc.define("def f(float(N) A) -> (O) { O(i) = " + "(" * M + "A(i)" + " + 1.0) * 0.5" * M + " }")
+    alternating = kernel("def f(float(N) A) -> (O) { O(i) = " + "(" * M + "A(i)" + " + 1.0) * 0.5" * M + " }")
     x = a.copy()
     for _ in range(M):
         x = (x + np.float32(1.0)) * np.float32(0.5)
     np.testing.assert_array_equal(alternating(a, backend=backend), x)  # each step exact in float32 order
-    right = tc.define("def f(float(N) A) -> (O) { O(i) = " + "A(i) + (" * M + "A(i)" + ")" * M + " }")
+    right = kernel("def f(float(N) A) -> (O) { O(i) = " + "A(i) + (" * M + "A(i)" + ")" * M + " }")
     y = a.copy()
     for _ in range(M):
         y = a + y  # innermost first, as the parentheses say
@@ -229,9 +236,9 @@ def test_five_thousand_nested_parentheses(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_five_thousand_nested_calls_and_ternaries(backend: str) -> None:
     a = f32(8)
-    calls = tc.define("def f(float(N) A) -> (O) { O(i) = " + "fabs(-" * M + "A(i)" + ")" * M + " }")
+    calls = kernel("def f(float(N) A) -> (O) { O(i) = " + "fabs(-" * M + "A(i)" + ")" * M + " }")
     np.testing.assert_array_equal(calls(a, backend=backend), np.abs(a))
-    tern = tc.define("def f(float(N) A) -> (O) { O(i) = "
+    tern = kernel("def f(float(N) A) -> (O) { O(i) = "
                      + "".join(f"A(i) > {1 - k / M:.6f} ? {k}.0 : " for k in range(M)) + "-1.0 }")
     thresholds = np.array([float(f"{1 - k / M:.6f}") for k in range(M)], np.float32)
     want = np.array([next((k for k, t in enumerate(thresholds) if v > t), -1) for v in a], np.float32)
@@ -249,23 +256,23 @@ def test_long_chains_are_exact_in_integers_and_follow_c_promotions(backend: str)
            + " + ".join(["A(i)"] * n) + " }")
     first = (a.astype(np.int64) * n + 2**31) % 2**32 - 2**31  # int32 wrap-around
     want = first + big + a.astype(np.int64) * n
-    got = tc.define(src)(a, big, backend=backend)
+    got = kernel(src)(a, big, backend=backend)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, want)
     # unsigned: a long run of subtractions wraps modulo 2**32
     u = np.array([0, 1, 2**32 - 1, 12345], np.uint32)
     v = np.array([7, 2**31, 3, 0], np.uint32)
-    sub = tc.define("def f(uint32(N) U, uint32(N) V) -> (O) { O(i) = U(i)" + " - V(i)" * n + " }")
+    sub = kernel("def f(uint32(N) U, uint32(N) V) -> (O) { O(i) = U(i)" + " - V(i)" * n + " }")
     np.testing.assert_array_equal(sub(u, v, backend=backend),
                                   ((u.astype(np.int64) - n * v.astype(np.int64)) % 2**32).astype(np.uint32))
     # int8 terms promote to int32 first, as in C
     s8 = np.array([127, -128, 5], np.int8)
-    p8 = tc.define("def f(int8(N) A) -> (O) { O(i) = " + " + ".join(["A(i)"] * n) + " }")(s8, backend=backend)
+    p8 = kernel("def f(int8(N) A) -> (O) { O(i) = " + " + ".join(["A(i)"] * n) + " }")(s8, backend=backend)
     np.testing.assert_array_equal(p8, s8.astype(np.int32) * n)
     # && and || keep their short-circuit order: the right of && reads only where the left held
     idx = np.array([0, 5, 1], np.int32)
     t = np.array([1.0, 2.0], np.float32)
-    guard = tc.define("def f(int32(N) I, float(M) T) -> (O) { O(i) = "
+    guard = kernel("def f(int32(N) I, float(M) T) -> (O) { O(i) = "
                       + " && ".join(["I(i) < 2"] * n + ["T(I(i)) > 0.0"] * 3) + " }")
     np.testing.assert_array_equal(guard(idx, t, backend=backend), [True, False, True])
 
