@@ -339,7 +339,7 @@ SYNTAX_ERRORS = [
     ("bad_char_line3", H + "  C(i) = A(i)\n  D(i) = B(i) @ 2\n}", 3, 15, "unexpected character '@'"),
     ("unicode_char", H + "  C(i) = A(i) \u00d7 2\n}", 2, 15, "unexpected character '\u00d7'"),
     ("single_amp", H + "  C(i) = A(i) & B(i)\n}", 2, 15, "unexpected character '&'"),
-    ("missing_close_brace", H + "  C(i) = A(i)\n", 2, 14, "unexpected end of text"),
+    ("missing_close_brace", H + "  C(i) = A(i)\n", 1, 38, "'{' was never closed"),
     ("where_let_reduction_op", H + "  C(i) = A(i) where x += 2\n}", 2, 23, "where-let is written `x = expr`"),
     ("outputs_without_parens", "def f(float(N) A)\n  -> C {\n  C(i) = A(i)\n}", 2, 6, "expected '('"),
     ("missing_operator", H + "  C(i) A(i)\n}", 2, 8, "expected an assignment operator"),
@@ -347,7 +347,7 @@ SYNTAX_ERRORS = [
     ("bare_min", H + "  C(i) min A(i)\n}", 2, 8, "unexpected 'min'"),
     ("lhs_expression", H + "  C(i + 1) = A(i)\n}", 2, 7, "unexpected '+'"),
     ("lhs_literal", H + "  C(0) = A(0)\n}", 2, 5, "unexpected '0'"),
-    ("unbalanced_paren", H + "  C(i) = (A(i) + B(i)\n}", 3, 1, "expected ')'"),
+    ("unbalanced_paren", H + "  C(i) = (A(i) + B(i)\n}", 2, 10, "'(' was never closed"),
     ("extra_paren", H + "  C(i) = A(i))\n}", 2, 14, "unexpected ')'"),
     ("trailing_comma_in_call", H + "  C(i) = A(i,)\n}", 2, 14, "unexpected ')'"),
     ("param_without_type", "def f(\n  (N) A) -> (C) {\n  C(i) = A(i)\n}", 2, 3, "unexpected '('"),
@@ -460,11 +460,13 @@ def test_empty_source_is_a_syntax_error() -> None:
 
 
 def test_eof_error_ignores_trailing_comments() -> None:
-    # the end of the text is reported just after the last token, not after a trailing comment
+    # the unclosed '{' is the error; where the parser stopped is the end of the last token, not
+    # the end of a trailing comment
     for tail in ["", "\n", "\n  # the end\n", "  // done\n\n"]:
         with pytest.raises(TcSyntaxError) as info:
             parse("def f(float(N) A) -> (C) {\n  C(i) = A(i)" + tail)
-        assert _lc(info.value) == (2, 14), repr(tail)
+        assert _lc(info.value) == (1, 26), repr(tail)
+        assert "stopped at 2:14" in str(info.value), repr(tail)
 
 
 def test_first_reserved_word_is_reported() -> None:
