@@ -19,6 +19,7 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,10 @@ def run(mode: str, examples: int, seconds: float, seed: int) -> tuple[Counter[st
 
     random.seed(seed)
     prop._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-    prop()
+    try:
+        prop()
+    except Exception:  # noqa: BLE001 - a fault of the fuzzer itself: shown, and the counts so far kept
+        traceback.print_exc()
     return outcomes, failures, count
 
 

@@ -272,7 +272,7 @@ class Gen:
             return self.binary(self.pick("/%"), a, b)
         if form == "neg":
             a = self.expr(want if want != "bool" else "any", depth - 1)
-            return self.unary("-", a)
+            return self.unary("-" if self.chance(0.85) else "+", a)
         if form == "not":
             return self.unary("!", self.expr("any", depth - 1, exact=True))
         if form == "abs":
@@ -471,7 +471,7 @@ class Gen:
         if op == "!":
             self.feature("op !")
             return Ex(text, "bool", P_UNARY, 1.0)
-        self.feature("op unary -")
+        self.feature(f"op unary {op}")
         t = T.promote(a.dtype, a.dtype)
         return Ex(text, t, P_UNARY, *_fix(t, a.bound, a.err, a.rel))
 
@@ -775,6 +775,10 @@ def defs(draw: Any, allow_empty: bool = True) -> DefSpec:
     if draw(st.integers(0, 4)) == 0:
         text = f"# fuzzed def\n{text}".replace("\n    ", "\n    // a comment\n    ", 1)
         g.feature("comment")
+    if draw(st.integers(0, 5)) == 0:  # a source of several defs: a library
+        other = text.replace(f"def {g.name}(", f"def {g.name}_other(", 1)
+        text = f"{other}\n{text}" if draw(st.booleans()) else f"{text}\n{other}"
+        g.feature("several defs")
     for n in outs:
         g.tensors[n].kind = "output"
     return DefSpec(g.name, text, g.params, g.sizes, g.tensors, list(outs), g.features)
@@ -796,7 +800,7 @@ def _values(draw: Any, t: TensorInfo) -> np.ndarray:
                                            if t.dtype == "float16" else 32), min_size=n, max_size=n))
     elif t.values == "index":
         oob = draw(st.integers(0, 9)) == 0
-        lo, hi = (-1, t.limit) if oob else (0, max(0, t.limit - 1))
+        lo, hi = (-1 if not T.is_unsigned(t.dtype) else 0, t.limit) if oob else (0, max(0, t.limit - 1))
         vals = draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
     elif t.values == "small":
         lo = 0 if T.is_unsigned(t.dtype) else -100
@@ -924,6 +928,8 @@ def check_case(case: Case, run_c: bool = True) -> str:
     except TcError as e:
         # valid defs may still be refused where the language forbids what was drawn: count it
         return "valid def refused: " + _tc_error(e, "define", src)
+    if isinstance(kernel, tc.Library):
+        kernel = kernel[case.spec.name]
     ref = _run(kernel, case.args, "numpy", src)
     if not run_c:
         return _outcome(ref, "numpy", src)
