@@ -811,6 +811,19 @@ def _values(draw: Any, t: TensorInfo) -> np.ndarray:
     return np.array(vals, dtype=dt).reshape(t.shape)
 
 
+def _relaid(draw: Any, a: np.ndarray) -> np.ndarray:
+    """The same values in another layout: a strided view, Fortran order or swapped bytes."""
+    how = draw(st.sampled_from(("strided", "fortran", "swapped")))
+    if how == "strided":
+        big = np.zeros(tuple(2 * n for n in a.shape), dtype=a.dtype)
+        view = big[tuple(slice(None, None, 2) for _ in a.shape)]
+        view[...] = a
+        return view
+    if how == "fortran":
+        return np.asfortranarray(a)
+    return a.astype(a.dtype.newbyteorder("S"))
+
+
 @dataclass
 class Case:
     spec: DefSpec
@@ -830,6 +843,8 @@ def cases(draw: Any, allow_empty: bool = True) -> Case:
         a = _values(draw, t)
         if not t.shape and draw(st.integers(0, 3)) == 0:  # a Python scalar for a rank-0 param
             a = a.item() if t.dtype in ("float64", "int64", "bool") else a[()]
+        elif t.shape and draw(st.integers(0, 4)) == 0:
+            a = _relaid(draw, a)
         args.append(a)
     return Case(spec, args)
 
@@ -902,15 +917,24 @@ def define(src: str) -> Any:
         raise FuzzFailure(f"define: {type(e).__name__}: {e}\n--- source:\n{src}") from e
 
 
+def _unchanged(args: list[Any], before: list[Any], backend: str, src: str) -> None:
+    for k, (a, b) in enumerate(zip(args, before)):
+        if isinstance(a, np.ndarray) and not np.array_equal(a, b, equal_nan=True):
+            raise FuzzFailure(f"backend={backend} changed input {k}\n--- source:\n{src}")
+
+
 def _run(kernel: Any, args: list[Any], backend: str, src: str) -> Any:
+    before = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            res = kernel(*[a.copy() if isinstance(a, np.ndarray) else a for a in args], backend=backend)
+            res = kernel(*args, backend=backend)
     except TcError as e:
+        _unchanged(args, before, backend, src)
         return e
     except Exception as e:  # noqa: BLE001
         raise FuzzFailure(f"backend={backend}: {type(e).__name__}: {e}\n--- source:\n{src}\nargs={args!r}") from e
+    _unchanged(args, before, backend, src)
     for w in seen:  # counted, and kept with the shortest source that raised it
         key = f"{backend}: {w.category.__name__}: {str(w.message).splitlines()[0][:80]}"
         key = re.sub(r"'[^']*'|\(.*\)|[0-9]+", "_", key)
@@ -964,6 +988,8 @@ def _compare(name: str, got: Any, want: Any, t: TensorInfo, src: str, args: list
     if got.dtype != want.dtype or got.shape != want.shape:
         fail(f"C gives {got.dtype}{got.shape}, numpy {want.dtype}{want.shape}")
     if not T.is_float(want.dtype.name) or t.err == 0:
+        kind = "float" if T.is_float(want.dtype.name) else "integer/bool"
+        STATS[f"compared outputs: {kind}, exactly"] += 1
         if not np.array_equal(got, want, equal_nan=want.dtype.kind == "f"):
             fail("values differ where both backends must agree bit for bit")
         return
@@ -974,7 +1000,9 @@ def _compare(name: str, got: Any, want: Any, t: TensorInfo, src: str, args: list
     if not np.array_equal(inf, np.isinf(g)) or not np.array_equal(g[inf], w[inf]):
         fail("inf at different positions")
     if t.err == INF:
+        STATS["compared outputs: float, NaN/inf positions only (no finite bound)"] += 1
         return
+    STATS["compared outputs: float, within the carried bound"] += 1
     fin = np.isfinite(w)
     diff = np.abs(g[fin] - w[fin])
     if diff.size and diff.max() > 4 * t.err:
