@@ -117,3 +117,39 @@ def test_slow_mutated_defs(mutant: tuple[str, F.DefSpec], seed: int) -> None:
 @given(F.mutants(), st.integers(0, 2**32 - 1))
 def test_slow_mutated_defs_c_against_the_interpreter(mutant: tuple[str, F.DefSpec], seed: int) -> None:
     _mutant(mutant, seed, run_c=True)
+
+
+# ---- what the fuzzer found: each case its shortest known form ---------------------------------
+
+FOUND = {
+    # an int64 literal stored into an int32 output wraps on C; the interpreter raised OverflowError
+    "literal_into_narrower_output": ("def f(float(N) A) -> (int32 Y) { Y = 2147483648 }", [[0.0, 1.0]], None),
+    # a rank-0 integer product: the interpreter raised OverflowError where C wraps
+    "rank0_integer_product": ("def f(int32(N) A) -> (O) { O *=! A(r) }", [[100000, 100000, 7]],
+                              "the interpreter overflows a rank-0 integer product (tcdsl/interp.py)"),
+    # a float16 literal out of range: C printed `inf`, which does not compile
+    "float16_literal_overflow": ("def f(float16(N) A) -> (O) { O(i) = 70000 + A(i) }", [[0.0, 1.0]],
+                                 "codegen/c.py prints an out-of-range float16 constant as `inf`"),
+    # `*=` into values already written: C multiplies term by term, the interpreter the product of the
+    # terms (overflowed to inf, then 0 * inf = NaN)
+    "product_update_order": ("def f(float(N) A, float(K) B) -> (Y) {\n Y(i) = A(i)\n Y(i) *= B(r)\n}",
+                             [[0.0, 0.0], [1e30, 1e30, 1e-30]],
+                             "the interpreter forms the product of the terms before it multiplies it in"),
+}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_fuzzer_findings(name: str, request: pytest.FixtureRequest) -> None:
+    import numpy as np
+
+    import tcdsl as tc
+
+    src, values, broken = FOUND[name]
+    if broken:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=broken))
+    kernel = tc.define(src)
+    args = [np.asarray(v, dtype=t.dtype) for t, v in zip(kernel.checked.inputs, values)]
+    want = kernel(*args, backend="numpy")
+    got = kernel(*args, backend="c")
+    np.testing.assert_array_equal(got, want)
