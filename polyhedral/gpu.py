@@ -496,7 +496,10 @@ class _Mapper:
         offsets, sizes = [], []
         for d in range(box.dim(isl.dim_type.set)):
             lo, hi = box.dim_min(d), box.dim_max(d)
-            extent = hi.sub(lo).max_val()
+            try:
+                extent = hi.sub(lo).max_val()
+            except isl.Error:  # bounds with integer divisions (tiles that do not divide a stride): not promoted
+                return None
             if not extent.is_int():
                 return None
             sizes.append(int(extent.to_python()) + 1)

@@ -160,6 +160,15 @@ for _name in DRAWN:
 
 @pytest.mark.gpu
 @needs_opencl
+def test_a_footprint_bounded_by_integer_divisions_is_left_unpromoted() -> None:
+    # a tile of 5 along conv's output columns: the read box's bounds hold floor divisions
+    k, args, want = _setup("conv2d_same")
+    opts = MappingOptions(tile=(0, 0, 5), threads=(1,))
+    assert_matches(k(*args, backend="opencl", options=opts), want, CASES["conv2d_same"].tol, f"conv2d_same with {opts}")
+
+
+@pytest.mark.gpu
+@needs_opencl
 @pytest.mark.parametrize("shape", [(1, 1, 1), (33, 17, 65), (100, 37, 70), (64, 64, 64), (77, 130, 45)])
 @pytest.mark.parametrize("opts", [MappingOptions(), MappingOptions(blocks=(1,), threads=(8, 4)),
                                   MappingOptions(tile=(16, 8, 4), blocks=(2, 2), threads=(4, 4)),
