@@ -9,7 +9,9 @@ Each stage's text form is kept, for ``kernel.schedule()`` / ``kernel.source()`` 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -20,7 +22,7 @@ from .codegen import c as cgen
 from .codegen import gpu as gpu_cgen
 from .codegen import toolchain
 from .codegen.gpu import GpuSource
-from .errors import TcRuntimeError
+from .errors import TcRuntimeError, TcScheduleError
 from .instance import Instance, fully_written
 from .options import MappingOptions
 from .polyhedral import astgen, gpu, schedule, transform
@@ -57,7 +59,25 @@ def strides_of(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, tuple
     return out
 
 
+@contextlib.contextmanager
+def _isl_failures(inst: Instance, options: MappingOptions) -> Iterator[None]:
+    """isl's own failures surface as a ``TcScheduleError`` located at the def's first statement,
+    naming the options (users never see ``isl_...``)."""
+    try:
+        yield
+    except isl.Error as e:
+        first = inst.checked.stmts[0] if inst.checked.stmts else None
+        loc = first.span.location() if first is not None else None  # type: ignore[attr-defined]
+        raise TcScheduleError(f"def {inst.checked.name} could not be scheduled with {options}: isl failed "
+                              f"({str(e).split(' in /')[0]})", loc) from None
+
+
 def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
+    with _isl_failures(inst, options):
+        return _lower(inst, options, strides)
+
+
+def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
     options = options.resolved(inst.checked)
     scop = build_scop(inst)
     deps = dependences(scop)
@@ -167,6 +187,11 @@ def lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: Gpu
     """Every stage for the GPU: schedule, tile and mark, map to blocks and threads, promote,
     place barriers, print ``dialect`` ("cuda" or "opencl"). Raises ``TcScheduleError`` for a
     mapping the device cannot run (before anything is compiled)."""
+    with _isl_failures(inst, options):
+        return _lower_gpu(inst, options, dialect, target)
+
+
+def _lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: GpuTarget) -> GpuLowered:
     options = options.resolved(inst.checked)
     gpu.check_options(options, target)
     scop = build_scop(inst)

@@ -680,3 +680,20 @@ def test_error_hierarchy() -> None:
                 tc.TcRuntimeError, tc.TcScheduleError, tc.TcCompileError):
         assert issubclass(cls, tc.TcError)
     assert issubclass(tc.TcTypeError, tc.TcSemanticError)
+
+
+@pytest.mark.cpu
+def test_an_isl_failure_is_a_located_schedule_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import islpy as isl
+
+    from tcdsl import compiler
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise isl.Error("call to isl_ast_build_node_from_schedule failed: internal in /isl/x.c:1")
+
+    monkeypatch.setattr(compiler.astgen, "build", fail)
+    k = tc.define("def twice(float(N) A) -> (B) {\n  B(i) = A(i) * 2\n}")
+    with pytest.raises(tc.TcScheduleError, match="def twice could not be scheduled") as info:
+        k(np.ones(3, np.float32), backend="c")
+    assert info.value.location is not None and (info.value.location.line, info.value.location.col) == (2, 3)
+    assert "/isl/" not in str(info.value)
