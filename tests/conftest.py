@@ -11,11 +11,19 @@ import tempfile
 import warnings
 
 import pytest
+from hypothesis import settings
 
 # every schedule transformation is checked against the dependences in tests (see tcdsl/knobs.py)
 os.environ.setdefault("TCDSL_CHECK_SCHEDULE", "1")
 # kernels called in tests run their default options: a tuning cache of the user's is never read
 os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-tests-"), "tuning.sqlite")
+
+
+# drawn tests draw the same examples on every run and machine, so the suite is never flaky;
+# `pytest --hypothesis-profile=explore` draws new ones (and replays failures it saved)
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("repeatable")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
