@@ -24,13 +24,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import fuzz_defs as F  # noqa: E402
 
 MODES = ("numpy", "c", "mutant", "mutant-c")
+
+
+class TimeUp(Exception):
+    """Ends a mode at its time limit (raised after every draw, so hypothesis sees no other change)."""
 
 
 
@@ -61,21 +65,21 @@ def run(mode: str, examples: int, seconds: float, seed: int) -> tuple[Counter[st
             if cls not in failures or len(str(e)) < len(failures[cls]):
                 failures[cls] = str(e)
 
-    opts = settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-                    suppress_health_check=list(HealthCheck))
+    opts = settings(max_examples=examples, deadline=None, database=None, derandomize=False, phases=[Phase.generate],
+                    suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     if mode in ("numpy", "c"):
         @opts
         @given(F.cases())
         def prop(case: F.Case) -> None:
             if time.monotonic() > deadline:
-                return
+                raise TimeUp
             record(lambda: F.check_case(case, run_c=mode == "c"))
     else:
         @opts
         @given(F.mutants(), st.integers(0, 2**32 - 1))
         def prop(mutant: tuple[str, F.DefSpec], arg_seed: int) -> None:
             if time.monotonic() > deadline:
-                return
+                raise TimeUp
             record(lambda: F.check_mutant(mutant[0], arg_seed, run_c=mode == "mutant-c"))
 
     import random
@@ -84,6 +88,8 @@ def run(mode: str, examples: int, seconds: float, seed: int) -> tuple[Counter[st
     prop._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
     try:
         prop()
+    except TimeUp:
+        pass
     except Exception:  # noqa: BLE001 - a fault of the fuzzer itself: shown, and the counts so far kept
         traceback.print_exc()
     return outcomes, failures, count
