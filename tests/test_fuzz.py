@@ -127,6 +127,8 @@ FOUND = {
     # a rank-0 integer product: the interpreter raised OverflowError where C wraps
     "rank0_integer_product": ("def f(int32(N) A) -> (O) { O *=! A(r) }", [[100000, 100000, 7]],
                               "the interpreter overflows a rank-0 integer product (tcdsl/interp.py)"),
+    "rank0_integer_update": ("def f(int16(N) A) -> (O) {\n O min=! A(0)\n O *= 4 where r in 0:6\n}", [[79, 5]],
+                             "the interpreter overflows a rank-0 int16 update (tcdsl/interp.py)"),
     # a float16 literal out of range: C printed `inf`, which does not compile
     "float16_literal_overflow": ("def f(float16(N) A) -> (O) { O(i) = 70000 + A(i) }", [[0.0, 1.0]],
                                  "codegen/c.py prints an out-of-range float16 constant as `inf`"),
@@ -153,3 +155,28 @@ def test_fuzzer_findings(name: str, request: pytest.FixtureRequest) -> None:
     want = kernel(*args, backend="numpy")
     got = kernel(*args, backend="c")
     np.testing.assert_array_equal(got, want)
+
+
+SLOW_SCHEDULE = """def conv(float64(N, 3) A_in) -> (int32(5, N) Y) {
+    Y(i, j) max=! 2 where i in 0:5, j in 0:N, exists A_in(1, r)
+    Y(i, j) +=! 8 - i where i in 0:5, exists A_in(j, 2), exists A_in(r + 1, 2*i + 1)
+    O3(i, j) = 1.5 * Y(2*j, 2*i) where exists A_in(0, i - 1), i in 0:min(N, 4)
+}"""
+
+
+@pytest.mark.cpu
+@pytest.mark.xfail(strict=True, raises=Warning,
+                   reason="isl's scheduler does not finish on this small def (polyhedral/schedule.py)")
+def test_fuzzer_finding_schedule_within_the_timeout() -> None:
+    import warnings
+
+    import numpy as np
+
+    import tcdsl as tc
+
+    kernel = tc.define(SLOW_SCHEDULE)
+    a = np.arange(18, dtype=np.float64).reshape(6, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback warns: the scheduler ran out of time
+        got = kernel(a, backend="c")
+    np.testing.assert_array_equal(got, kernel(a, backend="numpy"))
