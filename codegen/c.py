@@ -830,12 +830,16 @@ def _inside(sub: Sym, box: dict[str, tuple[Sym, Sym]], extent: int) -> bool:
 def _literal(v: object, ctype: str) -> str:
     if ctype in ("float", "double", "_Float16"):
         x = float(v)  # type: ignore[arg-type]
+        with np.errstate(over="ignore"):  # rounded to the type first: 70000 is inf in float16
+            x = float({"float": np.float32, "_Float16": np.float16}.get(ctype, np.float64)(x))
+        if math.isnan(x):
+            return "NAN"
         if math.isinf(x):
             return "INFINITY" if x > 0 else "(-INFINITY)"
         if ctype == "float":
-            return f"{float(np.float32(x)).hex()}f"
+            return f"{x.hex()}f"
         if ctype == "_Float16":
-            return f"((_Float16){float(np.float16(x)).hex()})"
+            return f"((_Float16){x.hex()})"
         return x.hex()
     if ctype == "bool":
         return "true" if v else "false"

@@ -194,8 +194,15 @@ def _chunk(bs: BoundStmt, chunk: Box, guards: tuple[Guard, ...], arrays: dict[st
     uf = _REDUCE[s.op]
     if mask is not None:
         vals = np.where(mask, vals, np.asarray(T.identity(s.op, out.dtype.name), dtype=out.dtype))
-    part = uf.reduce(vals, axis=tuple(range(nl, n))) if n > nl else vals
-    target[...] = uf(target, part)
+    if s.op == "*" and n > nl and T.is_float(out.dtype.name):
+        # a product folds into the value already there term by term, as the compiled loops do
+        # (forming the terms' product first can overflow where the running value does not)
+        terms = np.concatenate([target[..., None], vals.reshape(vals.shape[:nl] + (-1,))], axis=-1)
+        target[...] = np.multiply.reduce(terms, axis=-1, dtype=out.dtype)
+        return
+    # in the target's type: integer sums and products wrap as the compiled code's do
+    part = uf.reduce(vals, axis=tuple(range(nl, n)), dtype=out.dtype) if n > nl else vals
+    target[...] = uf(target, part, dtype=out.dtype)
 
 
 class _Eval:
