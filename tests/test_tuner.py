@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,13 +181,19 @@ def test_the_budget_stops_the_search_within_a_generation(db: TuningCache):
     assert math.isfinite(result.time_s)
 
 
+def _cluster(distributed: Any) -> Any:
+    """Two worker processes on loopback; the dashboard on a free port (8787 may be taken by
+    another run: distributed's retry then leaks a socket, an error under -W error)."""
+    return distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                    dashboard_address="127.0.0.1:0")
+
+
 @pytest.mark.cpu
 def test_search_runs_on_a_dask_cluster(db: TuningCache):
     distributed = pytest.importorskip("distributed")
     k = tc.define(MM)
     A, B = f32((32, 32)), f32((32, 32), 1)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
-            as cluster, distributed.Client(cluster) as client:
+    with _cluster(distributed) as cluster, distributed.Client(cluster) as client:
         result = tc.autotune(k, A, B, generations=1, population=4, elites=1, seed=5, progress=False,
                              executor=client.get_executor())
     assert math.isfinite(result.time_s) and result.evaluations == 4
@@ -203,8 +210,7 @@ def test_candidates_timed_on_the_dask_workers(db: TuningCache, tmp_path: Path):
     log = tmp_path / "timings.txt"
     os.environ["TCDSL_TEST_TIMING_LOG"] = str(log)
     try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) \
-                as cluster, distributed.Client(cluster) as client:
+        with _cluster(distributed) as cluster, distributed.Client(cluster) as client:
             worker_pids = set(client.run(os.getpid).values())
             result = tc.autotune(k, A, B, generations=2, population=6, elites=1, seed=5, progress=False,
                                  executor=client.get_executor(), time_on="executor",
