@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -68,3 +69,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="no CUDA device and no OpenCL platform"))
         if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow sweep: pass --run-slow"))
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty kernel cache of the test's own (``TCDSL_CACHE_DIR``), read without forced rebuilds."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(d))
+    monkeypatch.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
+    return d

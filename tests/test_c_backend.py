@@ -60,14 +60,6 @@ def _module_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
         yield d
 
 
-@pytest.fixture
-def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("TCDSL_CACHE_DIR", str(d))
-    monkeypatch.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
-    return d
-
-
 def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
 

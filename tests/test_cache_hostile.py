@@ -35,11 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("TCDSL_CACHE_DIR", str(d))
-    monkeypatch.delenv("TCDSL_FORCE_RECOMPILE", raising=False)
-    return d
+def cache(fresh_cache: Path) -> Path:
+    return fresh_cache
 
 
 def inputs(m: int = 6, k: int = 5, n: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
