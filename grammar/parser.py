@@ -69,6 +69,7 @@ _READABLE = {
     "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "QMARK": "'?'",
     "ADDOP": "'+' or '-'", "MULOP": "'*', '/' or '%'", "RELOP": "a comparison", "EQOP": "'==' or '!='",
     "OROR": "'||'", "ANDAND": "'&&'", "BANG": "'!'", "DEF": "'def'", "WHERE": "'where'", "IN": "'in'",
+    "EQUIV": "'<=>'",
     "EXISTS": "'exists'", "__ANON_0": "'->'", "MINUS": "'-'", "MORETHAN": "'>'", "$END": "the end of the text",
 }
 
@@ -265,10 +266,18 @@ class _Build:
         return A.Dim(name=str(tok), span=span)
 
     def stmt(self, meta, items):
-        lhs, op, rhs, where = items
+        lhs, op, rhs, annotation, where = items
         name, indices = lhs
         wheres = tuple(where) if where is not None else ()
-        return A.Stmt(name, indices, str(op), rhs, wheres, _span_of(self.src, meta))
+        return A.Stmt(name, indices, str(op), rhs, wheres, _span_of(self.src, meta), annotation)
+
+    def stmt_equivalent_last(self, meta, items):
+        """``lhs op rhs where ... <=> e``: the annotation written after the where clauses."""
+        lhs, op, rhs, where, annotation = items
+        return self.stmt(meta, [lhs, op, rhs, annotation, where])
+
+    def equivalent(self, meta, items):
+        return items[1]
 
     def lhs_scalar(self, meta, items):
         return (self._ident(items[0]), None)

@@ -147,6 +147,7 @@ class Stmt:
     rhs: Expr
     wheres: tuple[Where, ...] = ()
     span: Span = _span()
+    annotation: Expr | None = None  # TC's ``<=> matmul(A, B)``: kept and printed back, never checked or run
 
     @property
     def reduction(self) -> str | None:

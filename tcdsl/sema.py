@@ -86,6 +86,7 @@ class _Scope:
     shown: dict[int, str] = field(default_factory=dict)
     expanding: tuple[str, ...] = ()
     conditional: int = 0  # > 0 while typing a branch of ?: or the right operand of && / ||
+    bounded: frozenset[str] | None = None  # indices that a where range or an affine subscript bounds (lazy)
 
     def use_index(self, name: str, span: A.Span) -> None:
         if name not in self.index_spans:
@@ -377,9 +378,11 @@ class _DefChecker:
             if not (T.is_int(g.dtype) or g.dtype == "bool"):
                 raise _err(TcTypeError, f"subscript of '{e.name}' has type {g.dtype}; subscripts are integers",
                            A.span_of(arg))
-            if not _contains_read(g):
+            if not (_contains_read(g) or _divides_by_variable(g)):
                 raise _err(TcSemanticError, f"subscript '{print_expr(arg)}' of '{e.name}' is neither affine in "
-                           f"indices and sizes nor data-dependent", A.span_of(arg))
+                           f"indices and sizes nor data-dependent (only a division or modulo by a size or an index "
+                           f"may make a subscript non-affine)", A.span_of(arg))
+            self._check_bounded(g, arg, scope)
             subs.append(convert(g, "int64"))
             affine.append(None)
         if kind == "read" and scope.conditional:
@@ -388,6 +391,46 @@ class _DefChecker:
         scope.accesses.append(acc)
         scope.shown[id(acc)] = print_expr(e)
         return Read(t.dtype, e.name, tuple(subs), kind == "cond", e.span)
+
+    def _check_bounded(self, g: TExpr, arg: A.Expr, scope: _Scope) -> None:
+        """Every index of the non-affine subscript ``g`` (a gather, or a division or modulo by a
+        size or an index) needs its range from elsewhere: such a subscript bounds nothing."""
+        if scope.bounded is None:
+            scope.bounded = self._bounded_indices(scope)
+        for name in _index_vals(g):
+            if name not in scope.bounded:
+                raise _err(TcRangeError, f"index '{name}' appears only in non-affine subscripts (such as "
+                           f"'{print_expr(arg)}'), which do not bound its range; write `where {name} in lo:hi`",
+                           scope.index_spans.get(name, A.span_of(arg)))
+
+    def _bounded_indices(self, scope: _Scope) -> frozenset[str]:
+        """The indices of ``scope``'s statement that range inference can bound: those given a
+        ``where`` range, and those in an affine subscript of a read, an ``exists`` or the write."""
+        s = scope.stmt
+        out = {w.index.name for w in s.wheres if isinstance(w, A.WhereRange)}
+        if s.lhs.name in self.shaped:
+            out |= {i.name for i in s.indices or ()}
+        probe = _Scope(s, scope.lets)  # _affine records the indices it meets: keep them off ``scope``
+        todo: list[A.Expr] = [s.rhs, *(w.access for w in s.wheres if isinstance(w, A.WhereExists))]
+        lets_seen: set[str] = set()
+        while todo:
+            e = todo.pop()
+            if isinstance(e, A.Apply):
+                for a in e.args:
+                    sub = self._affine(a, probe) if e.name in self.shaped else None
+                    if sub is not None:
+                        out |= sub.indices()
+                todo += e.args
+            elif isinstance(e, A.Name) and e.name in scope.lets and e.name not in lets_seen:
+                lets_seen.add(e.name)
+                todo.append(scope.lets[e.name].value)
+            elif isinstance(e, (A.Unary, A.Cast)):
+                todo.append(e.arg)
+            elif isinstance(e, A.Binary):
+                todo += [e.lhs, e.rhs]
+            elif isinstance(e, A.Ternary):
+                todo += [e.cond, e.then, e.other]
+        return frozenset(out)
 
     # ---- value expressions ----
     def _expr(self, e: A.Expr, scope: _Scope) -> TExpr:
@@ -558,6 +601,46 @@ def _balance(items: list[tuple[bool, TExpr]], t: str, op: str, span: A.Span) -> 
             return na, Binop(t, "+", a, b, span)
         return False, Binop(t, "-", a, b, span) if nb else Binop(t, "-", b, a, span)
     return False, Binop(t, op, a, b, span)
+
+
+def _divides_by_variable(e: TExpr) -> bool:
+    """Whether ``e`` holds an integer ``/`` or ``%`` whose divisor is not a constant (a size, an
+    index, an expression of them): such a subscript is a non-affine read, bounds-checked at run
+    time like a gather."""
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, Binop):
+            divisor = x.rhs.arg if isinstance(x.rhs, Convert) else x.rhs
+            if x.op in ("/", "%") and T.is_int(x.dtype) and not isinstance(divisor, Const):
+                return True
+            todo += [x.lhs, x.rhs]
+        elif isinstance(x, (Unop, Convert)):
+            todo.append(x.arg)
+        elif isinstance(x, Select):
+            todo += [x.cond, x.then, x.other]
+        elif isinstance(x, Call):
+            todo += list(x.args)
+    return False
+
+
+def _index_vals(e: TExpr) -> list[str]:
+    """The indices ``e`` uses outside tensor reads (those inside a read are its own subscripts)."""
+    out: list[str] = []
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, IndexVal):
+            out.append(x.name)
+        elif isinstance(x, Binop):
+            todo += [x.rhs, x.lhs]
+        elif isinstance(x, (Unop, Convert)):
+            todo.append(x.arg)
+        elif isinstance(x, Select):
+            todo += [x.other, x.then, x.cond]
+        elif isinstance(x, Call):
+            todo += reversed(x.args)
+    return list(dict.fromkeys(out))
 
 
 def _contains_read(e: TExpr) -> bool:
