@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tcdsl import dtypes as T
+from tcdsl import mathlib
 from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
+from tcdsl.builtins import BUILTINS
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, trip_count, walk
@@ -175,6 +177,7 @@ class _Emitter:
     IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
     VECTOR_TILES = True  # register tiles and pointwise loops in explicit AVX-512 vectors where they have that form
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
+    TARGET = "c"  # whose builtin spellings (tcdsl.builtins) this emitter prints
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
                  vector_math: bool, unroll: int = 0) -> None:
@@ -196,6 +199,7 @@ class _Emitter:
         self.hoisted: dict[int, str] = {}  # id(Read) -> a constant loaded before the current loop
         self.hoist_count = 0
         self.vector_code = False  # explicit vector code written (vectile, vecloop)
+        self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.mathlib function, type) the kernel calls
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -213,6 +217,7 @@ class _Emitter:
         if self.transposes:
             w.raw(transpose.HELPER)
         vector_prelude = w.mark()  # vectile.PRELUDE goes here if any vector code is written
+        library = w.mark()  # the tcdsl.mathlib functions the kernel calls go here
         self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
             t = self.tensors[name]
@@ -244,6 +249,8 @@ class _Emitter:
                 self._node(n)
             w.line("return (int)tc_err[0];")
         w.line("}")
+        if self.mathlib:
+            w.insert(library, mathlib.source(self.mathlib))
         if self.vector_code:
             w.insert(vector_prelude, vectile.PRELUDE)
         sizes: dict[str, int] = {}
@@ -798,24 +805,23 @@ class _Emitter:
         return f"({', '.join(unaddressed)}, {access})" if unaddressed else access
 
     def _builtin(self, e: Call, a: list[str]) -> str:
-        fn, t = e.fn, e.dtype
-        suffix = "f" if t in ("float32", "float16") else ""
-        one = _literal(1.0, CTYPE[t]) if T.is_float(t) else "1"
-        if fn == "exp" and t == "float32":
-            return f"TC_EXPF({a[0]})"
-        if fn in ("min", "max"):
-            return f"tc_{fn}({a[0]}, {a[1]})"
-        if fn == "abs":
-            return f"tc_abs({a[0]})" if not T.is_float(t) else f"fabs{suffix}({a[0]})"
-        if fn == "rsqrt":
-            return f"({one} / sqrt{suffix}({a[0]}))"
-        if fn == "sigmoid":
-            exp = "TC_EXPF" if t == "float32" else f"exp{suffix}"
-            return f"({one} / ({one} + {exp}(-{a[0]})))"
-        name = {"fabs": "fabs", "pow": "pow", "fmax": "fmax", "fmin": "fmin", "atan2": "atan2", "fmod": "fmod",
-                "fma": "fma"}.get(fn, fn)
-        call = f"{name}{suffix}({', '.join(a)})"
+        """A call of a builtin, spelled for this emitter's target (``tcdsl.builtins``); a function
+        of tcdsl's math library is noted for the prelude."""
+        b, t = BUILTINS[e.fn], e.dtype
+        if not T.is_float(t):
+            assert b.c_int is not None, e.fn
+            return b.c_int.format(*a)
+        template = b.spelling(self.TARGET)
+        self.mathlib.update((m, t) for m in _LIBRARY_CALL.findall(template))
+        call = template.format(*a, f="f" if t in ("float32", "float16") else "", one=_literal(1.0, CTYPE[t]),
+                               zero=_literal(0.0, CTYPE[t]))
+        if t == "float32":
+            call = _EXPF.sub("TC_EXPF(", call)  # float32 exp has a vector variant (VECTOR_EXP)
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
+
+
+_LIBRARY_CALL = re.compile(r"\b(tc_\w+)\{f\}")
+_EXPF = re.compile(r"\bexpf\(")
 
 
 def _is_product(e: TExpr) -> bool:

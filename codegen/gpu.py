@@ -9,11 +9,14 @@ so the CUDA and OpenCL texts differ only in their first lines.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tcdsl import mathlib
 from tcdsl.affine import Sym
+from tcdsl.builtins import BUILTINS
 from tcdsl.checked import Read, reads
 from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
 from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, trip_bound, walk
@@ -57,9 +60,11 @@ typedef long long int64_t;
 typedef unsigned long long uint64_t;
 """
 
-_F_NAMES = ("exp", "log", "log1p", "expm1", "sqrt", "cbrt", "tanh", "erf", "fabs", "floor", "ceil", "round",
-            "sin", "cos", "tan", "pow", "fmax", "fmin", "fma", "atan2", "fmod", "exp2", "log2", "log10", "asin",
-            "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "trunc")
+# OpenCL C's math functions are overloaded: the float spellings (`expf`) of the builtins and of
+# tcdsl.mathlib's calls are defined to them
+_F_NAMES = tuple(sorted({*mathlib.LIBM_CALLS, *(m for b in BUILTINS.values()
+                                                for m in re.findall(r"\b(\w+)\{f\}", b.spelling("opencl"))
+                                                if not m.startswith("tc_"))}))
 
 OPENCL_PRELUDE = r"""// OpenCL C 1.2
 #define KERNEL __kernel
@@ -175,6 +180,7 @@ class _GpuEmitter(_Emitter):
                  unroll: int, unroll_copies: bool) -> None:
         super().__init__(scop, strides, "tc", vectorize=False, vector_math=False, unroll=unroll)
         self.dialect = dialect
+        self.TARGET = dialect
         self.private_memory = private_memory
         self.unroll_copies = unroll_copies
         self.contracted = {}
@@ -196,6 +202,7 @@ class _GpuEmitter(_Emitter):
         if self.dialect == "opencl" and any(t.dtype == "float64" for t in self.tensors.values()):
             w.raw("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
         w.raw(COMMON)
+        library = w.mark()  # the tcdsl.mathlib functions the kernels call go here
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}")
@@ -204,6 +211,8 @@ class _GpuEmitter(_Emitter):
             w.line()
             self._kernel(k)
             specs.append(LaunchSpec(k.name, k.grid, k.block, k.shared_bytes))
+        if self.mathlib:
+            w.insert(library, mathlib.source(self.mathlib))
         return GpuSource(self.dialect, w.text(), tuple(specs), self.order, tuple(self.errors))
 
     def _kernel(self, k: GpuKernel) -> None:

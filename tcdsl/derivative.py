@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 
 from . import dtypes as T
 from .affine import Sym
+from .builtins import BUILTINS
 from .checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, convert
+from .errors import TcGradientError
 from .printer import num
 
 Key = tuple[str, tuple]  # (tensor, subscripts) of a read: every read with this key is one variable
@@ -106,7 +108,8 @@ def cmp(op: str, a: TExpr, b: TExpr) -> TExpr:
 _LN2 = math.log(2.0)
 _LN10 = math.log(10.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-_FLAT = ("floor", "ceil", "round", "trunc")
+_SQRT_PI_OVER_2 = math.sqrt(math.pi) / 2
+_SQRT_2PI = math.sqrt(2 * math.pi)
 
 
 def diff(e: TExpr, key: Key) -> TExpr | None:
@@ -149,7 +152,13 @@ def _diff_binop(e: Binop, key: Key) -> TExpr | None:
 
 def _diff_call(e: Call, key: Key) -> TExpr | None:
     fn, args, t = e.fn, e.args, e.dtype
-    if fn in _FLAT:
+    rule = BUILTINS[fn].derivative
+    if rule == "flat":
+        return None
+    if rule is None:
+        if any(diff(a, key) is not None for a in args):
+            raise TcGradientError(f"builtin '{fn}' has no derivative tcdsl can derive; pass backward= with a "
+                                  f"hand-written gradient")
         return None
     if len(args) == 1:
         x = args[0]
@@ -177,6 +186,37 @@ def _diff_call(e: Call, key: Key) -> TExpr | None:
     if fn == "fma":
         a, b, c = args
         return add(add(mul(ds[0], b), mul(a, ds[1])), ds[2])
+    total: TExpr | None = None
+    for d, p in zip(ds, _partials(fn, args, e, t)):
+        if d is not None:
+            total = add(total, mul(d, p))
+    return total
+
+
+def _partials(fn: str, args: tuple[TExpr, ...], e: TExpr, t: str) -> tuple[TExpr | None, ...]:
+    """The partial derivatives of ``e = fn(*args)`` (None: zero), for the builtins of two or more
+    arguments past the C99 ones."""
+    zero, one = const(t, 0), const(t, 1)
+
+    def bop(op: str, a: TExpr, b: TExpr) -> TExpr:
+        return Binop(t, op, a, b)
+
+    if fn in ("hypot", "norm3d", "norm4d"):  # x_i / |x|
+        return tuple(bop("/", a, e) for a in args)
+    if fn in ("rhypot", "rnorm3d", "rnorm4d"):  # -x_i / |x|^3
+        cube = bop("*", bop("*", e, e), e)
+        return tuple(Unop(t, "-", bop("*", a, cube)) for a in args)
+    x, y = args[0], args[1]
+    if fn == "fdivide":
+        return bop("/", one, y), Unop(t, "-", bop("/", e, y))
+    if fn == "copysign":  # |x| with y's sign: the slope is 1 where the signs agree, -1 where not
+        return bop("*", call("copysign", one, x), call("copysign", one, y)), None
+    if fn == "fdim":
+        return Select(t, cmp(">", x, y), one, zero), Select(t, cmp(">", x, y), const(t, -1), zero)
+    if fn == "remainder":  # x - n y, n constant between its jumps: n = (x - e) / y
+        return one, Unop(t, "-", bop("/", bop("-", x, e), y))
+    if fn == "nextafter":  # one step from x: x itself, to first order
+        return one, None
     raise TypeError(fn)
 
 
@@ -217,10 +257,33 @@ def _unary_derivative(fn: str, x: TExpr, e: TExpr, t: str) -> TExpr:
         "atanh": lambda: bop("/", one, bop("-", one, sq(x))),
         "abs": lambda: _sign(x, t),
         "fabs": lambda: _sign(x, t),
+        "erfc": lambda: bop("*", const(t, -_TWO_OVER_SQRT_PI), call("exp", Unop(t, "-", sq(x)))),
+        "erfinv": lambda: bop("*", const(t, _SQRT_PI_OVER_2), call("exp", sq(e))),
+        "erfcinv": lambda: bop("*", const(t, -_SQRT_PI_OVER_2), call("exp", sq(e))),
+        "erfcx": lambda: bop("-", bop("*", bop("*", const(t, 2), x), e), const(t, _TWO_OVER_SQRT_PI)),
+        "exp10": lambda: bop("*", e, const(t, _LN10)),
+        "normcdf": lambda: bop("/", call("exp", bop("*", const(t, -0.5), sq(x))), const(t, _SQRT_2PI)),
+        "normcdfinv": lambda: bop("*", const(t, _SQRT_2PI), call("exp", bop("*", const(t, 0.5), sq(e)))),
+        "sinpi": lambda: bop("*", const(t, math.pi), call("cospi", x)),
+        "cospi": lambda: bop("*", const(t, -math.pi), call("sinpi", x)),
+        "rcbrt": lambda: bop("*", const(t, -1 / 3), sq(sq(e))),
+        "lgamma": lambda: call("digamma", x),
+        "tgamma": lambda: bop("*", e, call("digamma", x)),
+        "j0": lambda: Unop(t, "-", call("j1", x)),
+        "y0": lambda: Unop(t, "-", call("y1", x)),
+        "cyl_bessel_i0": lambda: call("cyl_bessel_i1", x),
+        "j1": lambda: _order_one(call("j0", x), e, x, t),
+        "y1": lambda: bop("-", call("y0", x), bop("/", e, x)),
+        "cyl_bessel_i1": lambda: _order_one(call("cyl_bessel_i0", x), e, x, t),
     }
     if fn not in table:
         raise TypeError(fn)
     return table[fn]()
+
+
+def _order_one(f0: TExpr, f1: TExpr, x: TExpr, t: str) -> TExpr:
+    """``f0 - f1 / x``, the slope of J1 (I1) from J0 (I0) and J1 (I1); 1/2 at x = 0."""
+    return Select(t, cmp("==", x, const(t, 0)), const(t, 0.5), Binop(t, "-", f0, Binop(t, "/", f1, x)))
 
 
 def _sign(x: TExpr, t: str) -> TExpr:

@@ -16,13 +16,14 @@ bounds-checked gathers, C conversions, and floor ``/`` and ``%`` on integers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from . import dtypes as T
 from .affine import FloorDiv, Sym, Var, bounds
+from .builtins import BUILTINS
 from .checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, reads
 from .errors import TcRangeError, TcRuntimeError
 from .instance import BoundStmt, Guard, Instance
@@ -303,50 +304,8 @@ _BINARY = {
 }
 
 
-def _round(x: Any) -> Any:
-    """C's round: halfway cases away from zero (exact: ``x - trunc(x)`` needs no rounding)."""
-    t = np.trunc(x)
-    return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
-
-
-def _erf(x: Any) -> Any:
-    """erf in float64: Maclaurin series for |x| < 3, a continued fraction for erfc beyond."""
-    x = np.asarray(x, dtype=np.float64)
-    ax = np.abs(x)
-    small = np.minimum(ax, 3.0)
-    term = small.copy()
-    total = small.copy()
-    x2 = small * small
-    for n in range(1, 80):
-        term = -term * x2 / n
-        total = total + term / (2 * n + 1)
-    series = 2.0 / np.sqrt(np.pi) * total
-    big = np.maximum(ax, 3.0)
-    frac = np.zeros_like(big)
-    for k in range(60, 0, -1):
-        frac = (k / 2.0) / (big + frac)
-    tail = 1.0 - np.exp(-big * big) / np.sqrt(np.pi) / (big + frac)
-    return np.sign(x) * np.where(ax < 3.0, series, tail)
-
-
-_UNARY: dict[str, Callable[..., Any]] = {
-    "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1 / np.sqrt(x), "cbrt": np.cbrt, "tanh": np.tanh,
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "erf": _erf, "floor": np.floor, "ceil": np.ceil,
-    "round": _round, "trunc": np.trunc, "sin": np.sin, "cos": np.cos, "tan": np.tan, "fabs": np.abs,
-    "abs": np.abs, "exp2": np.exp2, "log2": np.log2, "log10": np.log10, "asin": np.arcsin, "acos": np.arccos,
-    "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
-    "atanh": np.arctanh,
-}
-_NARY: dict[str, Callable[..., Any]] = {
-    "pow": np.power, "fmax": np.fmax, "fmin": np.fmin, "atan2": np.arctan2, "fmod": np.fmod,
-    "min": np.minimum, "max": np.maximum, "fma": lambda a, b, c: a * b + c,
-}
-
-
 def _call(fn: str, args: list[Any], dtype: str) -> Any:
-    f = _UNARY.get(fn) or _NARY[fn]
-    return np.asarray(f(*args)).astype(dtype, copy=False)
+    return np.asarray(BUILTINS[fn].numpy(*args)).astype(dtype, copy=False)
 
 
 # ---- contraction fast path ---------------------------------------------------------------------

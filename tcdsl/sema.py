@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from . import ast as A
 from . import dtypes as T
 from .affine import Sym, floordiv, mod, smax, smin
+from .builtins import ARITY as BUILTINS  # builtin -> (arity, kind)
 from .checked import (
     Access,
     Binop,
@@ -33,16 +34,6 @@ from .errors import TcRangeError, TcSemanticError, TcTypeError
 from .printer import expr as print_expr
 from .ranges import infer
 
-# builtin -> (arity, kind); kinds: "math" computes in float, "same" keeps an arithmetic type
-BUILTINS: dict[str, tuple[int, str]] = {
-    **{f: (1, "math") for f in ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "tanh", "sigmoid", "erf",
-                                "floor", "ceil", "round", "sin", "cos", "tan", "fabs", "exp2", "log2", "log10",
-                                "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "trunc")},
-    "abs": (1, "same"),
-    **{f: (2, "math") for f in ("pow", "fmax", "fmin", "atan2", "fmod")},
-    "min": (2, "same"), "max": (2, "same"),
-    "fma": (3, "math"),
-}
 _ARITH = {"+", "-", "*", "/", "%"}
 _CMP = {"==", "!=", "<", "<=", ">", ">="}
 INT64_MAX = 2**63 - 1
