@@ -284,7 +284,12 @@ class _Build:
 
     def lhs_indexed(self, meta, items):
         name, *idx = items
-        return (self._ident(name), tuple(self._ident(t) for t in idx if t is not None))
+        return (self._ident(name), tuple(self._lhs_sub(t) for t in idx if t is not None))
+
+    def _lhs_sub(self, tok: Token) -> A.Ident | A.Num:
+        if tok.type == "INT":
+            return A.Num(self._int(tok), False, _tok_span(self.src, tok))
+        return self._ident(tok)
 
     def where_clause(self, meta, items):
         return items

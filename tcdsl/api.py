@@ -26,7 +26,7 @@ from .compiler import CKernel, GpuLowered, Lowered, lower, lower_gpu, strides_of
 from .errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
-from .instance import Instance, bind_sizes, instantiate
+from .instance import Instance, accumulate_error, bind_sizes, instantiate
 from .options import MappingOptions
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
@@ -292,25 +292,29 @@ class Kernel:
                                       "the host (pass host arrays, or backend='cuda')")
             arrays = _coerce_any_inputs(self.checked, args)
             inst = self._instance(arrays)
-            outs = _check_out(self.checked, inst, out)
+            outs = _check_out(self.checked, inst, out, device=on_device)
             tuned = None if on_device else self._tuned_for(arrays, "cuda")
             gk = self._gpu_for(inst, "cuda", options or tuned or self.options)
-            res = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+            res = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)}, _initial(self.checked, outs))
             values = [res[t.name] if on_device else res[t.name].get() for t in self.checked.outputs]
             if outs is not None:
                 for dst, v in zip(outs, values):
-                    np.copyto(dst, v if isinstance(v, np.ndarray) else v.get())
+                    if gpurt.is_device_array(dst):
+                        dst[...] = v
+                    else:
+                        np.copyto(dst, v if isinstance(v, np.ndarray) else v.get())
                 values = list(outs)
             return values[0] if len(values) == 1 else tuple(values)
         arrays = _coerce_inputs(self.checked, args)
         inst = self._instance(arrays)
         outs = _check_out(self.checked, inst, out)
+        initial = _initial(self.checked, outs)
         if id(inst) not in self._fit:  # instances stay cached, so their ids stay theirs
             limits.check_memory(inst)
             self._fit.add(id(inst))
         if be == "opencl":
             gk = self._gpu_for(inst, "opencl", options or self._tuned_for(arrays, "opencl") or self.options)
-            results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)})
+            results = gk({t.name: a for t, a in zip(self.checked.inputs, arrays)}, initial)
         elif be == "c":
             arrays = [_c_ready(a) for a in arrays]
             ck = self._compiled_for(inst, arrays, options or self._tuned_for(arrays) or self.options)
@@ -318,9 +322,9 @@ class Kernel:
             if outs is not None and ck.writes_in_place(inputs, outs):
                 ck(inputs, outs)
                 return outs[0] if len(outs) == 1 else tuple(outs)
-            results = ck(inputs)
+            results = ck(inputs, initial=initial)
         else:
-            results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)})
+            results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)}, initial)
         values = [results[t.name] for t in self.checked.outputs]
         if outs is not None:
             for dst, v in zip(outs, values):
@@ -597,22 +601,33 @@ def _coerce_any_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _check_out(checked: CheckedDef, inst: Instance, out: Any) -> list[np.ndarray] | None:
+def _initial(checked: CheckedDef, outs: list[Any] | None) -> dict[str, Any]:
+    """The current values of the outputs that the call updates in place (``CheckedDef.accumulates``)."""
+    if outs is None:
+        return {}
+    return {t.name: o for t, o in zip(checked.outputs, outs) if t.name in checked.accumulates}
+
+
+def _check_out(checked: CheckedDef, inst: Instance, out: Any, device: bool = False) -> list[Any] | None:
+    from . import gpurt
+
     if out is None:
+        if checked.accumulates:
+            raise accumulate_error(checked)
         return None
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(outs) != len(checked.outputs):
         raise TcArgumentError(f"out= holds {len(outs)} arrays but {checked.name} has {len(checked.outputs)} outputs",
                               checked.source.name.span.location())
     for t, dst in zip(checked.outputs, outs):
-        if not isinstance(dst, np.ndarray):
-            raise TcArgumentError(f"out= for '{t.name}' is a {type(dst).__name__}, not a numpy array",
-                                  t.span.location())
+        if not (isinstance(dst, np.ndarray) or (device and gpurt.is_device_array(dst))):
+            kind = "a CUDA array" if device else "a numpy array"
+            raise TcArgumentError(f"out= for '{t.name}' is a {type(dst).__name__}, not {kind}", t.span.location())
         want = inst.shapes[t.name]
         if dst.shape != want or T.from_numpy(dst.dtype) != t.dtype:
             raise TcArgumentError(f"out= for '{t.name}' must be {t.dtype} with shape {want}, got {dst.dtype} "
                                   f"with shape {dst.shape}", t.span.location())
-        if not dst.flags.writeable:
+        if isinstance(dst, np.ndarray) and not dst.flags.writeable:
             raise TcArgumentError(f"out= for '{t.name}' is read-only", t.span.location())
     return outs
 

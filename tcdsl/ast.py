@@ -139,10 +139,11 @@ ASSIGN_OPS = ("=",) + REDUCTION_OPS + tuple(op + "!" for op in REDUCTION_OPS)
 
 @dataclass(frozen=True)
 class Stmt:
-    """``lhs(indices) op rhs where ...``; ``indices`` is None for a bare rank-0 LHS."""
+    """``lhs(indices) op rhs where ...``; ``indices`` is None for a bare rank-0 LHS. An LHS
+    subscript is an index name or an integer constant (``O(i, 0)``)."""
 
     lhs: Ident
-    indices: tuple[Ident, ...] | None
+    indices: tuple[Ident | Num, ...] | None
     op: str
     rhs: Expr
     wheres: tuple[Where, ...] = ()

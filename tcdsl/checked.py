@@ -207,6 +207,9 @@ class CheckedDef:
     sizes: tuple[str, ...]  # size symbols, in order of first appearance in the params
     stmts: tuple[Statement, ...]
     source: A.Def = field(compare=False, repr=False)
+    # outputs that a reduction without ``!`` reads before any statement writes them: a call
+    # updates the caller's ``out=`` in place, from its current values
+    accumulates: tuple[str, ...] = ()
 
     @property
     def tensors(self) -> dict[str, Tensor]:

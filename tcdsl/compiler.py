@@ -128,15 +128,21 @@ class CKernel:
                                                                        for a in inputs.values())
                    for o in outs)
 
-    def __call__(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Run on ``inputs``; results go to fresh arrays, or into ``outs`` (see ``writes_in_place``)."""
+    def __call__(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray] | None = None,
+                 initial: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on ``inputs``; results go to fresh arrays, or into ``outs`` (see ``writes_in_place``).
+        The outputs a call updates in place (``CheckedDef.accumulates``) start from their values
+        in ``outs``, or in ``initial`` when the results go to fresh arrays."""
         c = self.inst.checked
         arrays = dict(inputs)
         for k, t in enumerate(c.outputs):
             if outs is not None:
                 arrays[t.name] = outs[k]
-                if t.name not in self.unwritten_ok:
+                if t.name not in self.unwritten_ok and t.name not in c.accumulates:
                     outs[k].fill(0)
+                continue
+            if initial and t.name in initial:
+                arrays[t.name] = np.array(initial[t.name], dtype=t.dtype, order="C")
                 continue
             alloc = np.empty if t.name in self.unwritten_ok else np.zeros
             arrays[t.name] = alloc(self.inst.shapes[t.name], dtype=t.dtype)

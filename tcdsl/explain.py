@@ -28,6 +28,11 @@ def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no i
         what = "init of statement" if st.kind == "init" else "statement"
         out.append(f"  {st.name}[{', '.join(st.indices)}]: {what} {s.number} (line {s.span.line}): "
                    f"{print_stmt(s.source)}")
+    out += ["", "ranges (inferred or given by `where`; the intersection where reads disagree):"]
+    for s in c.stmts:
+        shown = [f"{r.name} in {r.lo}:{r.hi} = {r.lo.eval(scop.inst.sizes)}:{r.hi.eval(scop.inst.sizes)}"
+                 for r in s.ranges]
+        out.append(f"  statement {s.number}: {', '.join(shown) or 'no indices'}")
     out += ["", "fusion:"]
     groups = _nests(low.tree)  # the scheduler's decision (before initialisations get nests of their own)
     if len(groups) == 1:

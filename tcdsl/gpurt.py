@@ -81,7 +81,9 @@ class OpenCLKernel:
         self.unwritten_ok = {t.name for t in (*self.inst.checked.outputs, *self.inst.checked.temps)
                              if fully_written(self.inst, t.name)}
 
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: dict[str, np.ndarray],
+                 initial: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on ``inputs``; the outputs in ``initial`` start from its values, the others from 0."""
         cl, ctx, queue = opencl()
         c = self.inst.checked
         mf = cl.mem_flags
@@ -94,9 +96,12 @@ class OpenCLKernel:
                 cl.Buffer(ctx, mf.READ_ONLY, EMPTY_BYTES)
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
-            a = np.zeros(shape, dtype=_device_dtype(t.dtype))
+            start = (initial or {}).get(t.name)
+            a = np.zeros(shape, dtype=_device_dtype(t.dtype)) if start is None else \
+                np.array(start, dtype=_device_dtype(t.dtype), order="C")
             host[t.name] = a
-            flags = mf.READ_WRITE | (mf.COPY_HOST_PTR if a.nbytes and t.name not in self.unwritten_ok else 0)
+            copy = a.nbytes and (t.name not in self.unwritten_ok or start is not None)
+            flags = mf.READ_WRITE | (mf.COPY_HOST_PTR if copy else 0)
             bufs[t.name] = cl.Buffer(ctx, flags, hostbuf=a if flags & mf.COPY_HOST_PTR else None,
                                      size=0 if flags & mf.COPY_HOST_PTR else max(a.nbytes, 1))
         err = np.zeros(ERR_INTS, dtype=np.int32)
@@ -154,7 +159,8 @@ class CudaKernel:
                              if fully_written(self.inst, t.name)}
         self.key = hashlib.sha256(low.source.text.encode()).hexdigest()[:16]
 
-    def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, inputs: dict[str, Any], initial: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run on ``inputs``; the outputs in ``initial`` start from its values, the others from 0."""
         cp = _cupy()
         c = self.inst.checked
         arrays: dict[str, Any] = {}
@@ -163,6 +169,10 @@ class CudaKernel:
             arrays[t.name] = a if a.size else cp.zeros(1, dtype=a.dtype)  # see EMPTY_BYTES
         for t in (*c.outputs, *c.temps):
             shape = self.inst.shapes[t.name]
+            start = (initial or {}).get(t.name)
+            if start is not None:
+                arrays[t.name] = cp.array(cp.asarray(start), dtype=_device_dtype(t.dtype), order="C")
+                continue
             alloc = cp.empty if t.name in self.unwritten_ok else cp.zeros
             arrays[t.name] = alloc(shape, dtype=_device_dtype(t.dtype))
         err = cp.zeros(ERR_INTS, dtype=cp.int32)
@@ -230,13 +240,16 @@ def torch_cuda_call(kernel: Any, args: Any, out: Any = None, backend: str | None
         if not is_torch_cuda(a):
             raise TcArgumentError(f"{kernel.name}(): mixing CUDA tensors with {type(a).__name__} arguments")
         conv.append(cp.from_dlpack(a.contiguous()))
+    if out is not None:  # written in place through DLPack views (outputs updated in place read them too)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not all(is_torch_cuda(o) and o.is_contiguous() for o in outs):
+            raise TcArgumentError(f"{kernel.name}(): out= takes contiguous CUDA tensors when the inputs are on "
+                                  "a CUDA device")
+        views = [cp.from_dlpack(o.detach()) for o in outs]
+        kernel(*conv, out=views if isinstance(out, (tuple, list)) else views[0], backend="cuda", options=options)
+        return out
     res = kernel(*conv, backend="cuda", options=options)
     values = [torch.from_dlpack(r) for r in (res if isinstance(res, tuple) else (res,))]
-    if out is not None:
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        for dst, v in zip(outs, values):
-            dst.copy_(v)
-        values = outs
     return values[0] if len(values) == 1 else tuple(values)
 
 

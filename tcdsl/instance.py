@@ -70,16 +70,16 @@ def instantiate(checked: CheckedDef, sizes: dict[str, int]) -> Instance:
     shapes: dict[str, tuple[int, ...]] = {}
     for t in (*checked.inputs, *checked.outputs, *checked.temps):
         shapes[t.name] = tuple(int(d.eval(sizes)) for d in t.dims)
+        for d, (dim, n) in enumerate(zip(t.dims, shapes[t.name])):
+            if n < 0:
+                raise TcRangeError(f"dim {d} of '{t.name}' is {dim} = {n} for these sizes ({_show(sizes)}), a negative "
+                                   f"extent", t.span.location())
     stmts = []
     for s in checked.stmts:
         ranges = tuple((r.name, int(r.lo.eval(sizes)), int(r.hi.eval(sizes))) for r in s.ranges)
-        for name, lo, hi in ranges:
-            if hi < lo:
-                raise TcRangeError(f"index '{name}' of {s.describe()} has an empty range {lo}:{hi} for these sizes "
-                                   f"({_show(sizes)})", s.span.location())
         target = shapes[s.tensor]
         for (name, lo, hi), extent in zip(ranges, target):
-            if hi > extent:
+            if hi > extent and hi > lo:
                 raise TcRangeError(f"index '{name}' of {s.describe()} ranges over {lo}:{hi}, past the size {extent} "
                                    f"of '{s.tensor}' ({_show(sizes)})", s.span.location())
         stmts.append(BoundStmt(s, ranges, _guards(s, ranges, shapes, consts)))
@@ -105,6 +105,16 @@ def _guards(s: Statement, ranges: tuple[tuple[str, int, int], ...], shapes: dict
                 continue
             out.append(Guard(k, d, concrete, extent))
     return tuple(out)
+
+
+def accumulate_error(checked: CheckedDef) -> TcArgumentError:
+    """The error for a call without ``out=`` to a def that updates an output in place."""
+    name = checked.accumulates[0]
+    s = next(s for s in checked.stmts if s.tensor == name)
+    return TcArgumentError(f"{checked.name}(): statement {s.number} reduces into the output '{name}' with "
+                           f"'{s.source.op}' (no '!'), which updates the caller's '{name}' in place: pass it as "
+                           f"out= to update it, or write '{s.source.op}!' to start from the identity",
+                           s.span.location())
 
 
 def fully_written(inst: Instance, tensor: str) -> bool:

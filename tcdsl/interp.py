@@ -35,12 +35,17 @@ _REDUCE = {"+": np.add, "*": np.multiply, "min": np.minimum, "max": np.maximum}
 Box = tuple[tuple[str, int, int], ...]  # (index, lo, hi) half-open, in box order: lhs then reductions
 
 
-def run(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Execute every statement; returns the outputs by name (fresh C-contiguous arrays)."""
+def run(inst: Instance, inputs: dict[str, np.ndarray],
+        initial: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Execute every statement; returns the outputs by name (fresh C-contiguous arrays). The
+    outputs in ``initial`` start from a copy of its values (``CheckedDef.accumulates``), the
+    others from 0."""
     arrays: dict[str, np.ndarray] = {k: np.asarray(v, order="C") for k, v in inputs.items()}  # rank 0 stays 0
     c = inst.checked
     for t in (*c.outputs, *c.temps):
-        arrays[t.name] = np.zeros(inst.shapes[t.name], dtype=t.dtype)
+        start = (initial or {}).get(t.name)
+        arrays[t.name] = np.zeros(inst.shapes[t.name], dtype=t.dtype) if start is None else \
+            np.array(start, dtype=t.dtype, order="C")
     with np.errstate(all="ignore"):
         for bs in inst.stmts:
             _statement(bs, arrays, inst.sizes)
@@ -51,7 +56,7 @@ def _statement(bs: BoundStmt, arrays: dict[str, np.ndarray], sizes: dict[str, in
     s = bs.stmt
     out = arrays[s.tensor]
     if s.init:
-        out[_region(bs.ranges[: len(s.lhs)], from_zero=True)] = T.identity(s.op, out.dtype.name)
+        out[_region(bs.ranges[: len(s.lhs)])] = T.identity(s.op, out.dtype.name)
     if 0 in bs.shape:
         return
     box = _narrow(bs.ranges, bs.guards)
@@ -73,9 +78,9 @@ def _check_index_width(bs: BoundStmt, box: Box) -> None:
                                f"integer range of indices", bs.stmt.span.location())
 
 
-def _region(box: Box, from_zero: bool = False) -> tuple[slice, ...]:
-    """The slices of ``box`` (``0:hi`` with ``from_zero``: the span that ``!`` fills)."""
-    return tuple(slice(0 if from_zero else lo, hi) for _, lo, hi in box)
+def _region(box: Box) -> tuple[slice, ...]:
+    """The slices of ``box`` (its ranges never start below 0)."""
+    return tuple(slice(max(lo, 0), max(hi, 0)) for _, lo, hi in box)
 
 
 def _view_of(out: np.ndarray, region: tuple[slice, ...]) -> np.ndarray:

@@ -72,13 +72,17 @@ def where(w: A.Where) -> str:
 
 
 def stmt(s: A.Stmt) -> str:
-    lhs = s.lhs.name if s.indices is None else f"{s.lhs.name}({', '.join(i.name for i in s.indices)})"
+    lhs = s.lhs.name if s.indices is None else f"{s.lhs.name}({', '.join(_lhs_sub(i) for i in s.indices)})"
     text = f"{lhs} {s.op} {expr(s.rhs)}"
     if s.annotation is not None:  # before the where clauses, where TC's parser reads it
         text += f" <=> {expr(s.annotation)}"
     if s.wheres:
         text += " where " + ", ".join(where(w) for w in s.wheres)
     return text
+
+
+def _lhs_sub(i: A.Ident | A.Num) -> str:
+    return i.name if isinstance(i, A.Ident) else str(i.value)
 
 
 def _dims(dims: tuple[A.Dim, ...]) -> str:

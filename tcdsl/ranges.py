@@ -2,9 +2,10 @@
 
 Solved as TC does, in rounds: an access subscript in which exactly one index is still unknown
 bounds that index so that the access stays inside its tensor for every value of the known
-ones; all bounds found in one round are intersected. Bounds that differ by more than a constant
-(``0:N`` from one tensor, ``0:M`` from another) are ambiguous and rejected, so a size mismatch
-never truncates silently. ``where i in lo:hi`` fixes a range outright (padding by domain).
+ones; all bounds found in one round are intersected, TC's rule: ``0:N`` from one tensor and
+``0:M`` from another give ``0:min(N, M)``, the largest range in which every read is in bounds
+(``tcdsl check`` and ``explain`` print what was chosen). ``where i in lo:hi`` fixes a range
+outright (padding by domain).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ast as A
-from .affine import FloorDiv, Sym, Var, bounds, ceildiv, floordiv, sign_of, smax, smin
+from .affine import FloorDiv, Sym, Var, bounds, ceildiv, floordiv, smax, smin
 from .checked import Access, IndexRange
 from .errors import TcRangeError
 
@@ -50,19 +51,12 @@ def infer(indices: list[str], given: dict[str, tuple[Sym, Sym]], accesses: list[
         if not found:
             break
         for name, cands in found.items():
-            known[name] = _intersect(name, cands, spans, show, what)
+            known[name] = _intersect(cands)
         unknown = [i for i in unknown if i not in known]
     if unknown:
         name = unknown[0]
         raise TcRangeError(_unsolved_message(name, accesses, show, what), spans[name].location())
-    out = []
-    for name in indices:
-        lo, hi = known[name]
-        if (hi - lo).is_const() and (hi - lo).const <= 0 and name in given:
-            raise TcRangeError(f"index '{name}' has an empty range {lo}:{hi} in {what}",
-                               spans[name].location())
-        out.append(IndexRange(name, lo, hi, name in given))
-    return tuple(out)
+    return tuple(IndexRange(name, *known[name], name in given) for name in indices)  # an empty range runs no points
 
 
 def _solve(sub: Sym, u: Var, lo: Sym, hi: Sym, known: dict[str, tuple[Sym, Sym]]) -> tuple[Sym, Sym] | None:
@@ -87,26 +81,10 @@ def _solve(sub: Sym, u: Var, lo: Sym, hi: Sym, known: dict[str, tuple[Sym, Sym]]
     return None
 
 
-def _intersect(name: str, cands: list[Bound], spans: dict[str, A.Span], show: dict[int, str],
-               what: str) -> tuple[Sym, Sym]:
-    first = cands[0]
-    for other in cands[1:]:
-        ordered = all(sign_of(getattr(other, side) - getattr(first, side)) is not None for side in ("lo", "hi"))
-        if not ordered and _sizes(other) != _sizes(first):
-            a, b = _origin(first, show), _origin(other, show)
-            raise TcRangeError(
-                f"the range of index '{name}' in {what} is ambiguous: {a} gives {first.lo}:{first.hi} but "
-                f"{b} gives {other.lo}:{other.hi}; use one size symbol for both dims or write "
-                f"`where {name} in lo:hi`", spans[name].location())
+def _intersect(cands: list[Bound]) -> tuple[Sym, Sym]:
+    """TC's rule: the largest range in which every read is in bounds, the intersection of the
+    candidates (``0:min(N, M)`` when one read gives ``0:N`` and another ``0:M``)."""
     return smax(*(c.lo for c in cands)), smin(*(c.hi for c in cands))
-
-
-def _sizes(b: Bound) -> frozenset[str]:
-    return frozenset(v.name for v in (b.lo.free_vars() | b.hi.free_vars()) if v.kind == "size")
-
-
-def _origin(b: Bound, show: dict[int, str]) -> str:
-    return f"{show.get(id(b.access), b.access.tensor)} (dim {b.dim})"
 
 
 def _unsolved_message(name: str, accesses: list[tuple[Access, tuple[Sym, ...]]], show: dict[int, str],

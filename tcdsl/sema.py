@@ -7,11 +7,12 @@ language's rules (SPEC section 1 and its three fixes), and calls range inference
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from . import ast as A
 from . import dtypes as T
-from .affine import Sym, floordiv, mod, smax, smin
+from .affine import Sym, floordiv, mod, sign_of, smax, smin
 from .builtins import ARITY as BUILTINS  # builtin -> (arity, kind)
 from .checked import (
     Access,
@@ -31,10 +32,12 @@ from .checked import (
     convert,
 )
 from .errors import TcRangeError, TcSemanticError, TcTypeError
+from .printer import definition as print_def
 from .printer import expr as print_expr
 from .ranges import infer
 
 _ARITH = {"+", "-", "*", "/", "%"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CMP = {"==", "!=", "<", "<=", ">", ">="}
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
@@ -94,6 +97,8 @@ class _DefChecker:
         self.declared_outputs: dict[str, A.Output] = {}
         self.shaped: dict[str, Tensor] = {}  # tensors with a known shape: inputs, typed or written outputs
         self.written: set[str] = set()
+        self.inferred: set[str] = set()  # tensors whose dims come from the ranges that write them
+        self.accumulates: dict[str, A.Span] = {}  # outputs reduced into before any write
         self.lhs_names = {s.lhs.name for s in d.stmts}
 
     # ---- header ----
@@ -169,10 +174,11 @@ class _DefChecker:
         temps = [Tensor(t.name, t.dtype, t.dims, "temp", t.span) for n, t in self.shaped.items()
                  if n not in self.inputs and n not in self.declared_outputs]
         return CheckedDef(self.d.name.name, tuple(self.inputs.values()), tuple(outputs), tuple(temps),
-                          tuple(self.sizes), tuple(stmts), self.d)
+                          tuple(self.sizes), tuple(stmts), self.d, tuple(self.accumulates))
 
     # ---- one statement ----
-    def _statement(self, number: int, s: A.Stmt) -> Statement:
+    def _statement(self, number: int, written: A.Stmt) -> Statement:
+        s = self._constant_subscripts(written)
         name = s.lhs.name
         what = f"statement {number} of {self.what_def}"
         if name in self.inputs:
@@ -187,9 +193,11 @@ class _DefChecker:
                 raise _err(TcSemanticError, f"'{ident.name}' names a size or tensor and cannot be an index", ident.span)
         red = s.reduction
         if red is not None and not s.init and name not in self.written:
-            raise _err(TcSemanticError, f"reduction '{s.op}' into '{name}', which no earlier statement of "
-                       f"{self.what_def} writes, would read uninitialised memory; write '{red}=!' to start "
-                       f"from the identity", s.span)
+            if name not in self.declared_outputs:
+                raise _err(TcSemanticError, f"reduction '{s.op}' into the temporary '{name}', which no earlier "
+                           f"statement of {self.what_def} writes, would read uninitialised memory; write "
+                           f"'{red}=!' to start from the identity", s.span)
+            self.accumulates.setdefault(name, s.span)  # the call updates the caller's out= in place
         existing = self.shaped.get(name)
         if existing is not None and len(existing.dims) != len(lhs):
             raise _err(TcSemanticError, f"'{name}' has {len(existing.dims)} dims but is written with {len(lhs)} "
@@ -246,27 +254,59 @@ class _DefChecker:
             all_acc.append((write, existing.dims))
         spans = {**scope.index_spans, **range_spans}
         index_ranges = infer(lhs + reductions, ranges, all_acc, spans, scope.shown, what)
-        for r in index_ranges[: len(lhs)]:
-            if not (r.lo.is_const() and r.lo.const == 0):
+        for r in index_ranges[: len(lhs)]:  # a range may start above 0 (the points below it are 0), not below
+            if sign_of(r.lo) != 1:
                 raise _err(TcRangeError, f"the range of index '{r.name}' on the left of {what} is {r.lo}:{r.hi}, which "
-                           f"does not start at 0; write `where {r.name} in 0:...` to pad (the statement then runs "
-                           f"only where its reads are in bounds)", spans[r.name])
+                           f"can start below 0, outside '{name}'; write `where {r.name} in 0:...` to pad (the "
+                           f"statement then runs only where its reads are in bounds)", spans[r.name])
         if existing is None:
             dtype = rhs.dtype
             dims = tuple(r.hi for r in index_ranges[: len(lhs)])
             self.shaped[name] = Tensor(name, dtype, dims, "output" if name in self.declared_outputs else "temp",
                                        s.lhs.span)
+            self.inferred.add(name)
         else:
-            for r, extent in zip(index_ranges, existing.dims):
-                over = r.hi - extent
-                if over.is_const() and over.const > 0:
+            grown = list(existing.dims)
+            for d, (r, extent) in enumerate(zip(index_ranges, existing.dims)):
+                over, size = r.hi - extent, r.hi - r.lo
+                if sign_of(-over) == 1 or (size.is_const() and size.const <= 0):
+                    continue  # inside the tensor, or no points at all
+                if name in self.inferred:  # an inferred extent is the largest upper bound of the ranges writing it
+                    grown[d] = r.hi if sign_of(over) == 1 else smax(extent, r.hi)
+                elif over.is_const():
                     raise _err(TcRangeError, f"index '{r.name}' ranges over {r.lo}:{r.hi}, past dim "
                                f"{lhs.index(r.name)} of '{name}' ({extent})", spans[r.name])
+            self.shaped[name] = replace(existing, dims=tuple(grown))
         self.written.add(name)
         target = self.shaped[name]
         return Statement(number, name, tuple(lhs), tuple(reductions), "=" if red is None else red, s.init,
                          convert(rhs, target.dtype), index_ranges,
-                         accesses, s)
+                         accesses, written)
+
+    def _constant_subscripts(self, s: A.Stmt) -> A.Stmt:
+        """``O(i, 0) = e`` as ``O(i, c1) = e where c1 in 0:1``: a constant on the left is an index
+        with a one-point range (a fresh name, so that every later stage sees only indices)."""
+        if not any(isinstance(i, A.Num) for i in s.indices or ()):
+            return s
+        used = set(_NAME.findall(print_def(self.d)))
+        indices: list[A.Ident | A.Num] = []
+        extra: list[A.Where] = []
+        for k, sub in enumerate(s.indices or ()):
+            if isinstance(sub, A.Ident):
+                indices.append(sub)
+                continue
+            if sub.value > INT64_MAX:
+                raise _err(TcTypeError, f"subscript {_show_int(int(sub.value))} does not fit in int64, the type of "
+                           f"indices", sub.span)
+            fresh = f"_{k}"
+            while fresh in used:
+                fresh += "_"
+            used.add(fresh)
+            ident = A.Ident(fresh, sub.span)
+            indices.append(ident)
+            hi = A.Num(int(sub.value) + 1, False, sub.span)
+            extra.append(A.WhereRange(ident, sub, hi, sub.span))
+        return replace(s, indices=tuple(indices), wheres=s.wheres + tuple(extra))
 
     # ---- size expressions (where ranges) ----
     def _size_expr(self, e: A.Expr) -> Sym:

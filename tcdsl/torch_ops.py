@@ -1,5 +1,6 @@
 """PyTorch glue: kernel calls on torch tensors (``Kernel x torch.Tensor``s -> ``torch.Tensor``s), through
-the custom ops ``tcdsl::forward`` / ``tcdsl::backward`` whose autograd runs backward defs.
+the custom ops ``tcdsl::forward`` / ``tcdsl::backward`` whose autograd runs backward defs, and
+``tcdsl::update`` for calls with ``out=``.
 """
 
 # Both ops have fake implementations, so they trace under torch.compile. CPU tensors are shared
@@ -17,7 +18,7 @@ import torch
 from . import dtypes as T
 from .autodiff import Backward, backward_of, saved_types
 from .errors import TcArgumentError
-from .instance import bind_sizes, instantiate
+from .instance import accumulate_error, bind_sizes, instantiate
 
 _TORCH_DTYPES = {
     "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
@@ -252,6 +253,8 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
         from . import gpurt
 
         return gpurt.torch_cuda_call(kernel, args, out=out, backend=backend, options=options)
+    if out is None and kernel.checked.accumulates:
+        raise accumulate_error(kernel.checked)
     tensors = _tensors(kernel, args)
     if out is not None:
         return _call_out(kernel, tensors, out, backend, options)
@@ -271,10 +274,23 @@ def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str |
         if not isinstance(o, torch.Tensor) or o.device.type != "cpu":
             raise TcArgumentError(f"{kernel.name}(): out= takes CPU torch tensors when the inputs are tensors",
                                   kernel.checked.source.name.span.location())
-    views = [o.detach().numpy() for o in outs]
-    kernel(*[a.detach().numpy() for a in tensors], out=views if isinstance(out, (tuple, list)) else views[0],
-           backend=backend, options=options)
+    _update(_forward_key(kernel, backend, options, False), [a.detach() for a in tensors], outs)
     return out
+
+
+@torch.library.custom_op("tcdsl::update", mutates_args=("outs",))
+def _update(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """The kernel writing into the caller's ``out=`` tensors (marked as mutated: outputs that a
+    reduction without ``!`` updates are read too)."""
+    e = _REGISTRY[key]
+    views = [o.numpy() for o in outs]
+    e.kernel(*[a.numpy() for a in args], out=views if len(views) > 1 else views[0], backend=e.backend,
+             options=e.options)
+
+
+@_update.register_fake
+def _update_fake(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    return None
 
 
 def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None,

@@ -346,7 +346,7 @@ SYNTAX_ERRORS = [
     ("minus_assign", H + "  C(i) -= A(i)\n}", 2, 8, "unexpected '-'"),
     ("bare_min", H + "  C(i) min A(i)\n}", 2, 8, "unexpected 'min'"),
     ("lhs_expression", H + "  C(i + 1) = A(i)\n}", 2, 7, "unexpected '+'"),
-    ("lhs_literal", H + "  C(0) = A(0)\n}", 2, 5, "unexpected '0'"),
+    ("lhs_negative_literal", H + "  C(-1) = A(0)\n}", 2, 5, "unexpected '-'"),
     ("unbalanced_paren", H + "  C(i) = (A(i) + B(i)\n}", 2, 10, "'(' was never closed"),
     ("extra_paren", H + "  C(i) = A(i))\n}", 2, 14, "unexpected ')'"),
     ("trailing_comma_in_call", H + "  C(i) = A(i,)\n}", 2, 14, "unexpected ')'"),
