@@ -8,6 +8,7 @@ with NVRTC where it is installed, and gradients through such reads pass torch's 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import tcdsl as tc
 from tcdsl import ast as A
 from tcdsl.codegen import nvrtc
 from tcdsl.grammar import parse, parse_statements
+from tcdsl.options import MappingOptions
 from tcdsl.printer import module as print_module
 from tcdsl.printer import stmt as print_stmt
 from tcdsl.sema import check_def
@@ -88,6 +90,36 @@ def test_print_parse_round_trip(src: str) -> None:
         for line in text.splitlines():
             if "where" in line and "<=>" in line:
                 assert line.index("<=>") < line.index("where")
+
+
+def test_annotating_every_statement_of_the_corpus_changes_nothing_but_the_text() -> None:
+    """Each def of ``tests/defs.py`` with an annotation on every statement (after the rhs, or after
+    the where clauses when it has some): it prints and re-parses to itself, checks to the same
+    ranges and computes the same numbers on the interpreter."""
+    from defs import DEFS, make_inputs
+
+    for case in DEFS:
+        plain = parse(case.source).defs[0]
+        stmts = tuple(dataclasses.replace(s, annotation=A.Apply(f"same_as_{n}", (A.Name(s.lhs.name), A.Num(n, False))))
+                      for n, s in enumerate(plain.stmts))
+        text = print_module(A.Module((dataclasses.replace(plain, stmts=stmts),)))
+        annotated = parse(text)
+        assert print_module(annotated) == text, case.name
+        assert [s.annotation for s in annotated.defs[0].stmts] == [s.annotation for s in stmts], case.name
+        moved = text  # the same annotations written after the where clauses parse to the same AST
+        for line in text.splitlines():
+            if " <=> " in line and " where " in line:
+                head, ann_where = line.split(" <=> ", 1)
+                ann, where = ann_where.split(" where ", 1)
+                moved = moved.replace(line, f"{head} where {where} <=> {ann}")
+        assert parse(moved) == annotated, case.name
+        want, got = check_def(plain), check_def(annotated.defs[0])
+        assert [s.ranges for s in got.stmts] == [s.ranges for s in want.stmts], case.name
+        if case.name in ("matmul", "conv2d_same", "embedding", "softmax"):
+            args = make_inputs(case.inputs)
+            for g, w in zip(np.atleast_1d(tc.define(text)(*args, backend="numpy")),
+                            np.atleast_1d(tc.define(case.source)(*args, backend="numpy"))):
+                np.testing.assert_array_equal(g, w)
 
 
 def test_short_form_keeps_the_annotation() -> None:
@@ -173,6 +205,21 @@ def test_modulo_by_a_reduction_index(backend: str) -> None:
     got = tc.define(GROUPS)(I, W, Wg, backend=backend)
     scale = np.abs(I).max() * np.abs(W).max() * np.abs(Wg).max()
     assert_close(got, groups_ref(I, W, Wg), terms=3, scale=scale)
+
+
+@pytest.mark.parametrize("backend,options", [
+    pytest.param("c", MappingOptions(tile=(2, 4, 3), register_tile=(2, 2)), marks=pytest.mark.cpu, id="c-tiled"),
+    pytest.param("c", MappingOptions(tile=(1, 3, 8), vectorize=False, unroll=4, openmp=False), marks=pytest.mark.cpu,
+                 id="c-unrolled"),
+    pytest.param("opencl", MappingOptions(tile=(2, 4, 3), blocks=(2,), threads=(4, 2)),
+                 marks=[pytest.mark.gpu, needs_opencl], id="opencl-small-grid"),
+    pytest.param("opencl", MappingOptions(shared_memory=False, private_memory=False, fusion="max"),
+                 marks=[pytest.mark.gpu, needs_opencl], id="opencl-no-promotion")])
+def test_non_affine_reads_under_mapping_options(backend: str, options: MappingOptions) -> None:
+    I, W, Wg = rand(3, 5, 9, seed=4), rand(7, 9, seed=5), rand(5, seed=6)
+    got = tc.define(GROUPS)(I, W, Wg, backend=backend, options=options)
+    scale = np.abs(I).max() * np.abs(W).max() * np.abs(Wg).max()
+    assert_close(got, groups_ref(I, W, Wg), terms=4, scale=scale)
 
 
 def test_other_indices_are_still_inferred() -> None:
