@@ -21,6 +21,7 @@ from .checked import (
     CheckedDef,
     Const,
     Convert,
+    IndexRange,
     IndexVal,
     Read,
     Select,
@@ -254,11 +255,7 @@ class _DefChecker:
             all_acc.append((write, existing.dims))
         spans = {**scope.index_spans, **range_spans}
         index_ranges = infer(lhs + reductions, ranges, all_acc, spans, scope.shown, what)
-        for r in index_ranges[: len(lhs)]:  # a range may start above 0 (the points below it are 0), not below
-            if sign_of(r.lo) != 1:
-                raise _err(TcRangeError, f"the range of index '{r.name}' on the left of {what} is {r.lo}:{r.hi}, which "
-                           f"can start below 0, outside '{name}'; write `where {r.name} in 0:...` to pad (the "
-                           f"statement then runs only where its reads are in bounds)", spans[r.name])
+        index_ranges = self._lhs_from_zero(index_ranges, len(lhs), name, what, spans)
         if existing is None:
             dtype = rhs.dtype
             dims = tuple(r.hi for r in index_ranges[: len(lhs)])
@@ -282,6 +279,23 @@ class _DefChecker:
         return Statement(number, name, tuple(lhs), tuple(reductions), "=" if red is None else red, s.init,
                          convert(rhs, target.dtype), index_ranges,
                          accesses, written)
+
+    def _lhs_from_zero(self, ranges: tuple[IndexRange, ...], n: int, name: str, what: str,
+                       spans: dict[str, A.Span]) -> tuple[IndexRange, ...]:
+        """An LHS range may start above 0 (the points below it are 0), never below: one that starts
+        below 0 for every size is an error; one that does for some sizes (``KH - 1:HO`` when
+        ``KH = 0``) starts at ``max(0, lo)``."""
+        out = list(ranges)
+        for k, r in enumerate(ranges[:n]):
+            sign = sign_of(r.lo)
+            if sign == 1:
+                continue
+            if sign == -1:
+                raise _err(TcRangeError, f"the range of index '{r.name}' on the left of {what} is {r.lo}:{r.hi}, which "
+                           f"starts below 0, outside '{name}'; write `where {r.name} in 0:...` to pad (the statement "
+                           f"then runs only where its reads are in bounds)", spans[r.name])
+            out[k] = replace(r, lo=smax(Sym.of(0), r.lo))
+        return tuple(out)
 
     def _constant_subscripts(self, s: A.Stmt) -> A.Stmt:
         """``O(i, 0) = e`` as ``O(i, c1) = e where c1 in 0:1``: a constant on the left is an index

@@ -58,6 +58,26 @@ def _shift_conv_grad(dO: np.ndarray, W: np.ndarray) -> np.ndarray:
     return out
 
 
+def _conv2d_input_grad(dO: np.ndarray, W: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """The transposed convolution of ``dO`` by ``W``, kept on rows and columns ``lo:hi`` (0 elsewhere)."""
+    n, m, ho, wo = dO.shape
+    _, c, kh, kw = W.shape
+    out = np.zeros((n, c, ho + kh - 1, wo + kw - 1))
+    for a in range(kh):
+        for b in range(kw):
+            out[:, :, a:a + ho, b:b + wo] += np.einsum("nmhw,mc->nchw", dO, W[:, :, a, b])
+    mask = np.zeros(out.shape[2:], bool)
+    mask[lo:hi, lo:hi] = True
+    return np.where(mask, out, 0.0)[:, :, :hi, :hi] if hi is not None else out
+
+
+def _conv2d_weight_grad(dO: np.ndarray, I: np.ndarray) -> np.ndarray:
+    _, _, ho, wo = dO.shape
+    kh, kw = I.shape[2] - ho + 1, I.shape[3] - wo + 1
+    return np.stack([np.stack([np.einsum("nmhw,nchw->mc", dO, I[:, :, a:a + ho, b:b + wo]) for b in range(kw)], -1)
+                     for a in range(kh)], -2)
+
+
 CASES = [
     # 1. range inference: TC's intersection rule
     Case("intersect_sizes", "def f(float(N) B, float(M) A) -> (O) { O(j) = B(j) * A(j) }",
@@ -81,6 +101,21 @@ CASES = [
          "def f(float(N, F, HO) dO, float(F, C, KH) W) -> (dI) {\n"
          "  dI(n, c, h) +=! dO(n, f, h - kh) * W(f, c, kh) where h in 0:HO + KH - 1\n}",
          ((2, 3, 5), (3, 2, 3)), _shift_conv_grad, terms=9),
+    # TC's own meaning of an unpadded input gradient: the rounds bound h by every kh, so only the
+    # interior KH-1:HO is written (TC left the rest uninitialised; here it is 0)
+    Case("conv2d_input_grad_interior",
+         "def f(float(N, M, HO, WO) dO, float(M, C, KH, KW) W) -> (dI) {\n"
+         "  dI(n, c, h, w) +=! dO(n, m, h - kh, w - kw) * W(m, c, kh, kw)\n}",
+         ((2, 3, 4, 4), (3, 2, 3, 3)), lambda dO, W: _conv2d_input_grad(dO, W, 2, 4), terms=27),
+    Case("conv2d_input_grad_padded",
+         "def f(float(N, M, HO, WO) dO, float(M, C, KH, KW) W) -> (dI) {\n"
+         "  dI(n, c, h, w) +=! dO(n, m, h - kh, w - kw) * W(m, c, kh, kw)\n"
+         "    where h in 0:HO + KH - 1, w in 0:WO + KW - 1\n}",
+         ((2, 3, 4, 4), (3, 2, 3, 3)), _conv2d_input_grad, terms=27),
+    Case("conv2d_weight_grad",
+         "def f(float(N, M, HO, WO) dO, float(N, C, H, W) I) -> (dW) {\n"
+         "  dW(m, c, kh, kw) +=! dO(n, m, h, w) * I(n, c, h + kh, w + kw)\n}",
+         ((2, 3, 4, 4), (2, 2, 6, 6)), _conv2d_weight_grad, terms=32),
     Case("two_statements_two_halves",
          "def f(float(N) I) -> (O) {\n  O(i) = I(i) where i in 0:N\n  O(i) = I(i - N) * 3 where i in N + 1:2 * N\n}",
          ((4,),), lambda I: np.concatenate([I, [0.0], 3 * I[1:]])),
