@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tcdsl as tc
 from tcdsl import ast as A
@@ -220,6 +222,43 @@ def test_non_affine_reads_under_mapping_options(backend: str, options: MappingOp
     got = tc.define(GROUPS)(I, W, Wg, backend=backend, options=options)
     scale = np.abs(I).max() * np.abs(W).max() * np.abs(Wg).max()
     assert_close(got, groups_ref(I, W, Wg), terms=4, scale=scale)
+
+
+@pytest.mark.cpu
+@settings(max_examples=12, deadline=None)
+@given(shift=st.integers(-6, 6), lo=st.integers(-3, 2), width=st.integers(1, 3), op=st.sampled_from("/%"),
+       size=st.none() | st.integers(1, 3), offset=st.integers(-2, 4))
+def test_drawn_divisors_agree_with_python_on_numpy_and_c(shift: int, lo: int, width: int, op: str, size: int | None,
+                                                         offset: int) -> None:
+    """``A((i + shift) op q + offset)`` with ``q`` the size symbol D (``size``), or an index summed
+    over ``lo:lo+width``: Python's floored ``//`` and ``%`` give the reference, an element outside A
+    or a zero divisor the error; both backends agree with it."""
+    if size is None:
+        src = (f"def f(float(N) A) -> (O) {{\n    O(i) +=! A((i + {shift}) {op} d + {offset}) where i in 0:N, "
+               f"d in {lo}:{lo + width}\n}}")
+        divisors, args = range(lo, lo + width), ()
+    else:
+        src = (f"def f(float(N) A, float(D) E) -> (O) {{\n    O(i) = A((i + {shift}) {op} D + {offset}) * E(0) "
+               f"where i in 0:N\n}}")
+        divisors, args = range(size, size + 1), (np.ones(size, np.float32),)
+    A_ = rand(6, seed=11)
+    want = np.zeros(6)
+    error = False
+    for i in range(6):
+        for q in divisors:
+            at = None if q == 0 else ((i + shift) // q if op == "/" else (i + shift) % q) + offset
+            if at is None or not 0 <= at < 6:
+                error = True
+            else:
+                want[i] += A_[at]
+    k = tc.define(src)
+    for backend in ("numpy", "c"):
+        if error:
+            with pytest.raises(tc.TcRuntimeError, match="by zero|out of range"):
+                k(A_, *args, backend=backend)
+        else:
+            got = k(A_, *args, backend=backend)
+            assert_close(got, want, terms=width, scale=np.abs(A_).max(), err_msg=f"{backend}: {src}")
 
 
 def test_other_indices_are_still_inferred() -> None:
