@@ -454,46 +454,6 @@ class _DefChecker:
         s = scope.stmt
         out = {w.index.name for w in s.wheres if isinstance(w, A.WhereRange)}
         if s.lhs.name in self.shaped:
-            out |= {i.name for i in s.indices or ()}
-        probe = _Scope(s, scope.lets)  # _affine records the indices it meets: keep them off ``scope``
-        todo: list[A.Expr] = [s.rhs, *(w.access for w in s.wheres if isinstance(w, A.WhereExists))]
-        lets_seen: set[str] = set()
-        while todo:
-            e = todo.pop()
-            if isinstance(e, A.Apply):
-                for a in e.args:
-                    sub = self._affine(a, probe) if e.name in self.shaped else None
-                    if sub is not None:
-                        out |= sub.indices()
-                todo += e.args
-            elif isinstance(e, A.Name) and e.name in scope.lets and e.name not in lets_seen:
-                lets_seen.add(e.name)
-                todo.append(scope.lets[e.name].value)
-            elif isinstance(e, (A.Unary, A.Cast)):
-                todo.append(e.arg)
-            elif isinstance(e, A.Binary):
-                todo += [e.lhs, e.rhs]
-            elif isinstance(e, A.Ternary):
-                todo += [e.cond, e.then, e.other]
-        return frozenset(out)
-
-    def _check_bounded(self, g: TExpr, arg: A.Expr, scope: _Scope) -> None:
-        """Every index of the non-affine subscript ``g`` (a gather, or a division or modulo by a
-        size or an index) needs its range from elsewhere: such a subscript bounds nothing."""
-        if scope.bounded is None:
-            scope.bounded = self._bounded_indices(scope)
-        for name in _index_vals(g):
-            if name not in scope.bounded:
-                raise _err(TcRangeError, f"index '{name}' appears only in non-affine subscripts (such as "
-                           f"'{print_expr(arg)}'), which do not bound its range; write `where {name} in lo:hi`",
-                           scope.index_spans.get(name, A.span_of(arg)))
-
-    def _bounded_indices(self, scope: _Scope) -> frozenset[str]:
-        """The indices of ``scope``'s statement that range inference can bound: those given a
-        ``where`` range, and those in an affine subscript of a read, an ``exists`` or the write."""
-        s = scope.stmt
-        out = {w.index.name for w in s.wheres if isinstance(w, A.WhereRange)}
-        if s.lhs.name in self.shaped:
             out |= {i.name for i in s.indices or () if isinstance(i, A.Ident)}
         probe = _Scope(s, scope.lets)  # _affine records the indices it meets: keep them off ``scope``
         todo: list[A.Expr] = [s.rhs, *(w.access for w in s.wheres if isinstance(w, A.WhereExists))]
