@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 import scipy.special as sp
+from numpy.polynomial.chebyshev import chebval
+
+from .mathlib_tables import TABLES
 
 Impl = Callable[..., Any]
 
@@ -89,14 +92,77 @@ def _erfcx(x: np.ndarray) -> np.ndarray:
     return np.where(neg, 2 * (e + e * lo) - sp.erfcx(-xn), sp.erfcx(x))
 
 
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """erfc: scipy's erfcx times exp(-x^2), x^2 split exactly, for x > 1/2 (where scipy's erfc loses
+    about 2 x^2 ulps)."""
+    mid = (x > 0.5) & (x < 27.3)
+    xm = np.where(mid, x, 1.0)
+    h, lo = _two_prod(xm, xm)
+    e = np.exp(-h)
+    return np.where(mid, sp.erfcx(xm) * (e - e * lo), sp.erfc(x))
+
+
+def _erfcinv(q: np.ndarray) -> np.ndarray:
+    """scipy's erfcinv, and for q below 1e-280 Newton's method on log erfc(y) = log erfcx(y) - y^2
+    (scipy's loses the subnormal q)."""
+    tiny = (q > 0) & (q < 1e-280)
+    qt = np.where(tiny, q, 1e-300)
+    y = np.sqrt(-np.log(qt))
+    for _ in range(8):
+        h, lo = _two_prod(y, y)
+        y = y + (np.log(sp.erfcx(y)) - h - lo - np.log(qt)) * sp.erfcx(y) * (math.sqrt(math.pi) / 2)
+    return np.where(tiny, y, sp.erfcinv(q))
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    """log |gamma(x)| as C99: +inf at -inf, -log |x| where 1/x overflows (scipy gives inf)."""
+    small = np.abs(x) < 1e-300
+    return np.where(np.isinf(x), np.inf, np.where(small & (x != 0), -np.log(np.abs(np.where(small, x, 1.0))),
+                                                    sp.gammaln(x)))
+
+
+def _digamma(x: np.ndarray) -> np.ndarray:
+    """scipy's psi, reflected for x < 0 with exact sinpi and cospi (scipy loses digits near poles)."""
+    neg = (x < 0) & np.isfinite(x)
+    xn = np.where(neg, x, -0.5)
+    s, c = _sinpi_cospi(xn)
+    pole = neg & (x == np.floor(x))
+    zero = np.where(x == 0, -np.copysign(np.inf, x), sp.psi(x))
+    return np.where(pole, np.nan, np.where(neg, sp.psi(1 - xn) - math.pi * c / s, zero))
+
+
+def _trigamma(x: np.ndarray) -> np.ndarray:
+    """scipy's polygamma(1, x), reflected for x < 0 with an exact sinpi; +inf at the poles."""
+    neg = (x < 0) & np.isfinite(x)
+    xn = np.where(neg, x, -0.5)
+    s, _ = _sinpi_cospi(xn)
+    pole = (x <= 0) & (x == np.floor(x)) & np.isfinite(x)
+    pos = sp.polygamma(1, np.where(neg | pole, 1.0, x))
+    reflected = math.pi**2 / (s * s) - sp.polygamma(1, 1 - xn)
+    return np.where(pole, np.inf, np.where(x == -np.inf, np.nan, np.where(neg, reflected, pos)))
+
+
+def _bessel_i(order: int) -> Impl:
+    """I0 or I1 as exp(-|x|) I(x) (scipy's i0e, i1e) times exp(|x| / 2) twice, finite up to the
+    overflow of I itself."""
+    scaled = sp.i1e if order else sp.i0e
+
+    def g(x: np.ndarray) -> np.ndarray:
+        e = np.exp(np.abs(x) / 2)
+        inf = np.abs(x) if order == 0 else x
+        return np.where(np.isfinite(x), scaled(x) * e * e, np.where(np.isnan(x), x, inf))
+    return g
+
+
 def _normcdf(x: np.ndarray) -> np.ndarray:
     """erfc(-x / sqrt 2) / 2 with the argument carried in two parts."""
     hi, lo_c = 0.7071067811865476, -4.833646656726457e-17
-    t, err = _two_prod(-x, hi)
-    lo = err - x * lo_c
-    c = sp.erfc(t)
-    fine = np.isfinite(x)
-    return np.where(fine, 0.5 * (c - np.where(fine, lo, 0.0) * (2 / math.sqrt(math.pi)) * c / _erfcx(t)), 0.5 * c)
+    fine = np.abs(x) < 1e10
+    xf = np.where(fine, x, 0.0)
+    t, err = _two_prod(-xf, hi)
+    lo = err - xf * lo_c
+    c = _erfc(t)
+    return np.where(fine, 0.5 * (c - lo * (2 / math.sqrt(math.pi)) * c / _erfcx(t)), 0.5 * _erfc(-x))
 
 
 def _logb(x: np.ndarray) -> np.ndarray:
@@ -131,16 +197,34 @@ def _norm(*args: np.ndarray, reciprocal: bool = False) -> np.ndarray:
     nan = np.logical_or.reduce([np.isnan(v) for v in a])
     s = np.where((m > 0) & np.isfinite(m), m, 1.0)
     root = np.sqrt(sum((v / s) ** 2 for v in a))
-    val = 1 / (s * root) if reciprocal else s * root
+    val = (1 / root) / s if reciprocal else s * root
     val = np.where(m == 0, np.inf if reciprocal else 0.0, val)
     val = np.where(nan, np.nan, val)
     return np.where(inf, 0.0 if reciprocal else np.inf, val)
 
 
-def _bessel_jy(f: Impl, even_inf: bool) -> Impl:
-    """scipy's j0 (j1, y0, y1), which is 0 at +inf (and at -inf for J) as in libm."""
+def _hankel(x: np.ndarray, order: int, second: bool) -> np.ndarray:
+    """J or Y of order 0 or 1 for x >= 8 from Hankel's P and Q (tcdsl.mathlib's Chebyshev fits);
+    the phase x - (2n + 1) pi / 4 is taken as sums of sin x and cos x (exact in x), not by
+    subtracting a rounded multiple of pi as scipy does."""
+    t = 128.0 / (x * x) - 1.0
+    p = chebval(t, TABLES[f"P{order}_LARGE"])
+    q = chebval(t, TABLES[f"Q{order}_LARGE"]) / x
+    s, c = np.sin(x), np.cos(x)
+    cc, ss = (s - c, -(s + c)) if order else (c + s, s - c)  # sqrt 2 cos(chi), sqrt 2 sin(chi)
+    k = 1 / math.sqrt(math.pi) / np.sqrt(x)
+    return k * (p * ss + q * cc) if second else k * (p * cc - q * ss)
+
+
+def _bessel_jy(f: Impl, order: int, second: bool) -> Impl:
+    """scipy's j0 (j1, y0, y1) for |x| < 8, Hankel's expansion beyond; 0 at +inf (and at -inf
+    for J) as in libm."""
     def g(x: np.ndarray) -> np.ndarray:
-        return np.where(np.isinf(x) & ((x > 0) | even_inf), 0.0, f(x))
+        a = np.abs(x)
+        far = np.isfinite(x) & (a >= 8) & ((x > 0) | (not second))
+        h = _hankel(np.where(far, a, 8.0), order, second)
+        h = np.where(x < 0, -h, h) if order and not second else h
+        return np.where(np.isinf(x) & ((x > 0) | (not second)), 0.0, np.where(far, h, f(x)))
     return g
 
 
@@ -182,25 +266,25 @@ _TABLE: tuple[Builtin, ...] = (
     _b("max", 2, np.maximum, "tc_max({0}, {1})", kind="same", c_int="tc_max({0}, {1})"),
     _b("fma", 3, lambda a, b, c: a * b + c),
     # the rest of the CUDA math library: libm and OpenCL C have these
-    _b("erfc", 1, _f64(sp.erfc)), _b("exp10", 1, _f64(sp.exp10)), _b("hypot", 2, np.hypot),
-    _b("lgamma", 1, _f64(sp.gammaln)), _b("tgamma", 1, _f64(sp.gamma)),
+    _b("erfc", 1, _f64(_erfc)), _b("exp10", 1, _f64(lambda x: np.power(10.0, x))), _b("hypot", 2, np.hypot),
+    _b("lgamma", 1, _f64(_lgamma)), _b("tgamma", 1, _f64(sp.gamma)),
     _b("logb", 1, _f64(_logb), derivative="flat"), _b("nextafter", 2, np.nextafter),
     _b("remainder", 2, _f64(_remainder)), _b("copysign", 2, np.copysign), _b("fdim", 2, _f64(_fdim)),
     # libm has these; OpenCL C takes them from tcdsl.mathlib
-    _b("j0", 1, _f64(_bessel_jy(sp.j0, True)), opencl="tc_j0{f}({0})"),
-    _b("j1", 1, _f64(_bessel_jy(sp.j1, True)), opencl="tc_j1{f}({0})"),
-    _b("y0", 1, _f64(_bessel_jy(sp.y0, False)), opencl="tc_y0{f}({0})"),
-    _b("y1", 1, _f64(_bessel_jy(sp.y1, False)), opencl="tc_y1{f}({0})"),
+    _b("j0", 1, _f64(_bessel_jy(sp.j0, 0, False)), opencl="tc_j0{f}({0})"),
+    _b("j1", 1, _f64(_bessel_jy(sp.j1, 1, False)), opencl="tc_j1{f}({0})"),
+    _b("y0", 1, _f64(_bessel_jy(sp.y0, 0, True)), opencl="tc_y0{f}({0})"),
+    _b("y1", 1, _f64(_bessel_jy(sp.y1, 1, True)), opencl="tc_y1{f}({0})"),
     # OpenCL C has these; C takes them from tcdsl.mathlib
     _lib("sinpi", 1, _f64(lambda x: _sinpi_cospi(x)[0]), opencl="sinpi{f}({0})"),
     _lib("cospi", 1, _f64(lambda x: _sinpi_cospi(x)[1]), opencl="cospi{f}({0})"),
     # neither has these
-    _lib("erfinv", 1, _f64(sp.erfinv)), _lib("erfcinv", 1, _f64(sp.erfcinv)), _lib("erfcx", 1, _f64(_erfcx)),
-    _lib("normcdf", 1, _f64(_normcdf)), _lib("normcdfinv", 1, _f64(sp.ndtri)),
-    Builtin("cyl_bessel_i0", 1, "math", _f64(sp.i0), "tc_i0{f}({0})", "cyl_bessel_i0{f}({0})"),
-    Builtin("cyl_bessel_i1", 1, "math", _f64(sp.i1), "tc_i1{f}({0})", "cyl_bessel_i1{f}({0})"),
+    _lib("erfinv", 1, _f64(sp.erfinv)), _lib("erfcinv", 1, _f64(_erfcinv)), _lib("erfcx", 1, _f64(_erfcx)),
+    _lib("normcdf", 1, _f64(_normcdf)), _lib("normcdfinv", 1, _f64(lambda p: -math.sqrt(2) * _erfcinv(2 * p))),
+    Builtin("cyl_bessel_i0", 1, "math", _f64(_bessel_i(0)), "tc_i0{f}({0})", "cyl_bessel_i0{f}({0})"),
+    Builtin("cyl_bessel_i1", 1, "math", _f64(_bessel_i(1)), "tc_i1{f}({0})", "cyl_bessel_i1{f}({0})"),
     _lib("rcbrt", 1, _f64(lambda x: 1 / np.cbrt(x))),
-    _lib("rhypot", 2, _f64(lambda x, y: 1 / np.hypot(x, y))),
+    _lib("rhypot", 2, _f64(lambda x, y: _norm(x, y, reciprocal=True))),
     Builtin("norm3d", 3, "math", _f64(_norm), "tc_norm{f}({0}, {1}, {2}, {zero}, 0)", "norm3d{f}({0}, {1}, {2})"),
     Builtin("norm4d", 4, "math", _f64(_norm), "tc_norm{f}({0}, {1}, {2}, {3}, 0)", "norm4d{f}({0}, {1}, {2}, {3})"),
     Builtin("rnorm3d", 3, "math", _f64(lambda *a: _norm(*a, reciprocal=True)), "tc_norm{f}({0}, {1}, {2}, {zero}, 1)",
@@ -208,8 +292,9 @@ _TABLE: tuple[Builtin, ...] = (
     Builtin("rnorm4d", 4, "math", _f64(lambda *a: _norm(*a, reciprocal=True)), "tc_norm{f}({0}, {1}, {2}, {3}, 1)",
             "rnorm4d{f}({0}, {1}, {2}, {3})"),
     _b("fdivide", 2, np.true_divide, "({0} / {1})"),
-    # beyond CUDA's library: the derivative of lgamma and tgamma
-    Builtin("digamma", 1, "math", _f64(sp.psi), "tc_digamma{f}({0})", derivative=None),
+    # beyond CUDA's library: the derivatives of lgamma and tgamma, and of those
+    Builtin("digamma", 1, "math", _f64(_digamma), "tc_digamma{f}({0})"),
+    Builtin("trigamma", 1, "math", _f64(_trigamma), "tc_trigamma{f}({0})", derivative=None),
 )
 
 BUILTINS: dict[str, Builtin] = {b.name: b for b in _TABLE}

@@ -268,6 +268,7 @@ def _unary_derivative(fn: str, x: TExpr, e: TExpr, t: str) -> TExpr:
         "cospi": lambda: bop("*", const(t, -math.pi), call("sinpi", x)),
         "rcbrt": lambda: bop("*", const(t, -1 / 3), sq(sq(e))),
         "lgamma": lambda: call("digamma", x),
+        "digamma": lambda: call("trigamma", x),
         "tgamma": lambda: bop("*", e, call("digamma", x)),
         "j0": lambda: Unop(t, "-", call("j1", x)),
         "y0": lambda: Unop(t, "-", call("y1", x)),

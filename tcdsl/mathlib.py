@@ -32,8 +32,10 @@ _CONSTANTS: dict[str, tuple[str, str]] = {
     "RSQRT2_HI": ("0.707106769f", "0.7071067811865476"),
     "RSQRT2_LO": ("1.21016175e-08f", "-4.833646656726457e-17"),
     "NEWTON": ("1", "2"),  # refinement steps after the Chebyshev start
+    "TINY": ("1.17549435e-38f", "2.2250738585072014e-308"),  # the smallest normal value
     "LN_MAX": ("88.7228394f", "709.782712893384"),  # log of the largest finite value
     "DIGAMMA_SHIFT": ("6.0f", "10.0"),  # recurrence up to here, then the asymptotic series
+    "TRIGAMMA_SHIFT": ("6.0f", "20.0"),
 }
 
 
@@ -102,8 +104,10 @@ DEVFN T tc_erfcinv_tail@(T q) {
   T y = w * tc_ch_erfcinv_tail@(t);
   for (int i = 0; i < $NEWTON; i++) {
     T e = erfc@(y);
-    if (e == 0.0) break;
-    y += log@(e / q) * tc_erfcx@(y) * 0.88622692545275801;
+    if (e < $TINY) {  /* subnormal: log erfc(y) = log erfcx(y) - y^2, y^2 in two parts */
+      T h = y * y, l = fma@(y, y, -h), r = tc_erfcx@(y);
+      y += (log@(r) - h - l - log@(q)) * r * 0.88622692545275801;
+    } else y += log@(e / q) * tc_erfcx@(y) * 0.88622692545275801;
   }
   return y;
 }"""),
@@ -137,6 +141,7 @@ DEVFN T tc_i_series@(T x, int order) {
     CFunction("tc_i0", ("tc_i_series", "tc_ch_i0_large"), r"""
 DEVFN T tc_i0@(T x) {
   T a = fabs@(x);
+  if (a == INFINITY) return a;
   if (a <= 8.0) return tc_i_series@(a, 0);
   T e = exp@(0.5 * a);
   return e * (tc_ch_i0_large@(16.0 / a - 1.0) / sqrt@(a)) * e;
@@ -145,6 +150,7 @@ DEVFN T tc_i0@(T x) {
 DEVFN T tc_i1@(T x) {
   T a = fabs@(x), v;
   if (a <= 8.0) v = a * tc_i_series@(a, 1);
+  else if (a == INFINITY) v = a;
   else { T e = exp@(0.5 * a); v = e * (tc_ch_i1_large@(16.0 / a - 1.0) / sqrt@(a)) * e; }
   return x < 0.0 ? -v : v;
 }"""),
@@ -190,8 +196,8 @@ DEVFN T tc_y1@(T x) {
 }"""),
     CFunction("tc_rcbrt", (), r"""
 DEVFN T tc_rcbrt@(T x) { return 1.0 / cbrt@(x); }"""),
-    CFunction("tc_rhypot", (), r"""
-DEVFN T tc_rhypot@(T x, T y) { return 1.0 / hypot@(x, y); }"""),
+    CFunction("tc_rhypot", ("tc_norm",), r"""
+DEVFN T tc_rhypot@(T x, T y) { return tc_norm@(x, y, 0.0, 0.0, 1); }"""),
     CFunction("tc_norm", (), r"""
 /* sqrt(a^2 + b^2 + c^2 + d^2) and its reciprocal, scaled by a power of two near the largest |value| */
 DEVFN T tc_norm@(T a, T b, T c, T d, int reciprocal) {
@@ -211,7 +217,7 @@ DEVFN T tc_digamma@(T x) {
   if (x != x || x == INFINITY) return x;
   T r = 0.0;
   if (x <= 0.0) {
-    if (x == 0.0) return copysign@(INFINITY, -x);
+    if (x == 0.0) return -copysign@(1.0, x) * INFINITY;
     if (x == floor@(x)) return (x - x) / (x - x);
     r = -3.14159265358979324 * tc_cospi@(x) / tc_sinpi@(x);
     x = 1.0 - x;
@@ -221,6 +227,25 @@ DEVFN T tc_digamma@(T x) {
   T s = f * (0.083333333333333333 - f * (0.0083333333333333333 - f * (0.003968253968253968
         - f * (0.0041666666666666667 - f * (0.0075757575757575758 - f * 0.021092796092796093)))));
   return r + log@(x) - 0.5 / x - s;
+}"""),
+    CFunction("tc_trigamma", ("tc_sinpi",), r"""
+/* trigamma: reflection below 0, the recurrence up to TRIGAMMA_SHIFT, then the asymptotic series */
+DEVFN T tc_trigamma@(T x) {
+  if (x != x || x == INFINITY) return x != x ? x : 0.0;
+  T r = 0.0, sign = 1.0;
+  if (x <= 0.0) {
+    if (x == floor@(x)) return x == -INFINITY ? x - x : INFINITY;
+    T s = tc_sinpi@(x);
+    r = 9.8696044010893586 / (s * s);  /* psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x) */
+    sign = -1.0;
+    x = 1.0 - x;
+  }
+  T acc = 0.0;
+  while (x < $TRIGAMMA_SHIFT) { acc += 1.0 / (x * x); x += 1.0; }
+  T f = 1.0 / (x * x);
+  T tail = 1.0 / x + 0.5 * f + f * (0.16666666666666667 / x) * (1.0 - f * (0.2 - f * (0.14285714285714286
+           - f * (0.2 - f * 0.45454545454545455))));
+  return r + sign * (acc + tail);
 }"""),
 )
 LIBRARY: dict[str, CFunction] = {f.name: f for f in _FUNCTIONS}
