@@ -314,6 +314,7 @@ class Evaluator:
     best: float = math.inf
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
     cut: set[str] = field(default_factory=set)  # options JSON the deadline stopped before they were scored
+    request_s: dict[str, float] = field(default_factory=dict)  # options JSON -> wall seconds of its timing request
 
     def __post_init__(self) -> None:
         if self.time_on not in ("local", "executor"):
@@ -467,7 +468,9 @@ class Evaluator:
             try:
                 if f is None or self.out_of_time():
                     raise OutOfBudget
+                t0 = time.monotonic()
                 reply = self._remote_reply(f, timeout)
+                self.request_s[text] = time.monotonic() - t0  # the wait for it (the tasks run side by side)
                 if reply[0] != "ok":
                     self._reject(text, reply[1])
                     costs.append(math.inf)
@@ -518,7 +521,9 @@ class Evaluator:
         if reply[0] != "ok":  # count apart from the run
             self._reject(text, f"compile: {reply[1]}")
             return math.inf
+        t0 = time.monotonic()
         reply = self._ask(self._timer, ("time", text, False), self.timeout())
+        self.request_s[text] = time.monotonic() - t0
         if reply[0] != "ok":
             self._reject(text, f"run: {reply[1]}")
             return math.inf
@@ -531,25 +536,30 @@ class Evaluator:
             self.best = t
         return t
 
-    def retime(self, candidates: Sequence[MappingOptions], rounds: int = 3) -> list[float]:
-        """Median over ``rounds`` interleaved timings of each candidate (inf where one fails or the
-        deadline stops it): the final comparison of the winner with the defaults, under the same load."""
-        texts = [o.to_json() for o in candidates]
-        samples: list[list[float]] = [[] for _ in texts]
-        for _ in range(rounds):
-            for i, text in enumerate(texts):
-                try:
-                    if self.time_on == "executor":  # one at a time, on whichever worker takes it
-                        if self._limit(self.run_timeout_s) <= 0:
-                            raise OutOfBudget
-                        reply = self._remote_reply(self._submit_timing(text, self.run_timeout_s),
-                                                   self.run_timeout_s)
-                    else:
-                        reply = self._ask(self._timer, ("time", text, False), self.run_timeout_s)
-                except OutOfBudget:
-                    reply = ("error", "out of time")
-                samples[i].append(float(reply[1]) if reply[0] == "ok" else math.inf)
-        return [statistics.median(s) for s in samples]
+    def again(self, options: MappingOptions) -> float:
+        """One more timing of options already scored, under the run timeout (inf when it fails);
+        OutOfBudget when the deadline cuts it short. On an executor, whichever worker takes it."""
+        text = options.to_json()
+        if self.time_on == "executor":
+            if self._limit(self.run_timeout_s) <= 0:
+                raise OutOfBudget
+            reply = self._remote_reply(self._submit_timing(text, self.run_timeout_s), self.run_timeout_s)
+        else:
+            reply = self._ask(self._timer, ("time", text, False), self.run_timeout_s)
+        return float(reply[1]) if reply[0] == "ok" else math.inf
+
+    def pair(self, tuned: MappingOptions, default: MappingOptions, r: int) -> tuple[float, float] | None:
+        """Round ``r`` of the final comparison, (tuned seconds, default seconds) timed back to back
+        under the same load, the defaults first in even rounds and the tuned options first in odd
+        ones; None when the deadline stops it."""
+        try:
+            if r % 2:
+                t = self.again(tuned)
+                return t, self.again(default)
+            d = self.again(default)
+            return self.again(tuned), d
+        except OutOfBudget:
+            return None
 
     def _check(self, text: str) -> str | None:
         reply = self._ask(self._timer, ("time", text, True), self.run_timeout_s)

@@ -2,9 +2,10 @@
 
 It builds the search space of the def at these sizes, seeds the genetic search with the default
 options and with cached results of the same def, evaluates candidates safely (``evaluate``),
-checkpoints the population after each generation and stores the best in the tuning cache, from
-which later calls of the kernel pick it up (``tuned_options``). A ``budget`` bounds the whole call,
-hung compiles included (see ``Evaluator``).
+checkpoints the population after each generation, then keeps the best only if it beats the
+defaults side by side (``decide``) and stores what it keeps in the tuning cache, from which later
+calls of the kernel pick it up (``tuned_options``). A ``budget`` bounds the whole call, hung
+compiles and the final rounds included (see ``Evaluator`` and ``_Budget``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import json
 import math
 import platform
+import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -25,13 +27,18 @@ from tcdsl.options import MappingOptions
 
 from . import space as S
 from .cache import TuneKey, TuningCache
+from .decide import Decision, decide, sequential
 from .evaluate import Evaluator
 from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
+
+DECISION_SHARE = 0.25  # at most this share of a budget is held back for the final rounds against the defaults
+DECISION_ROUNDS = 30  # the final rounds a budget holds time back for (the first look and half the next)
 
 
 @dataclass
 class TuneResult:
-    """What a search found: the best options and time, the defaults' time, the history."""
+    """What a search kept: the options and their time, the defaults' time, the history, and the
+    final decision between the search's best (``candidate``) and the defaults."""
 
     options: MappingOptions
     time_s: float
@@ -42,19 +49,29 @@ class TuneResult:
     stopped: str
     key: TuneKey
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    decision: Decision | None = None  # None: the search found nothing valid
+    candidate: MappingOptions | None = None  # the search's best, which the decision kept or dropped
 
     @property
     def speedup(self) -> float:
         return self.default_time_s / self.time_s if self.time_s > 0 else math.inf
 
     def explain(self) -> str:
-        """The winning options and how they differ from the defaults."""
-        base, best = json.loads(MappingOptions().to_json()), json.loads(self.options.to_json())
-        diff = [f"  {k}: {base[k]!r} -> {best[k]!r}" for k in sorted(best) if best[k] != base[k]]
+        """The kept options, how they differ from the defaults, and the final decision's numbers."""
         lines = [f"best {self.time_s * 1e3:.3f} ms, defaults {self.default_time_s * 1e3:.3f} ms "
                  f"({self.speedup:.2f}x), {self.evaluations} candidates evaluated, {self.invalid} invalid, "
-                 f"stopped by {self.stopped}",
-                 "differs from the defaults in:" if diff else "the defaults won", *diff]
+                 f"stopped by {self.stopped}"]
+        if self.decision is not None:
+            rounds = f" in {self.decision.rounds} interleaved rounds" if self.decision.rounds else ""
+            lines.append(f"final check against the defaults{rounds}: {self.decision.why}")
+        diff = _diff(self.options)
+        dropped = _diff(self.candidate) if self.candidate is not None and self.options != self.candidate else []
+        if diff:
+            lines += ["differs from the defaults in:", *diff]
+        elif dropped:
+            lines += ["the defaults stay; the search's best differed from them in:", *dropped]
+        else:
+            lines.append("the defaults won")
         return "\n".join(lines)
 
     def plot(self, ax: Any = None) -> Any:
@@ -71,6 +88,11 @@ class TuneResult:
         ax.set_ylabel("time (ms)")
         ax.legend()
         return ax
+
+
+def _diff(options: MappingOptions) -> list[str]:
+    base, other = json.loads(MappingOptions().to_json()), json.loads(options.to_json())
+    return [f"  {k}: {base[k]!r} -> {other[k]!r}" for k in sorted(other) if other[k] != base[k]]
 
 
 @functools.cache
@@ -161,13 +183,18 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
                           backend=backend, time_on=time_on, deadline=deadline)
-    evaluate = _Evaluate(space, evaluator)
+    plan = _Budget(deadline, budget)
+    evaluate = _Evaluate(space, evaluator, plan)
     seeds = _seeds(space, cache, key)
     bar = _Progress(config.generations, progress)
+    search_budget = config.budget_s
 
     def on_generation(g: Generation, search: GeneticSearch) -> None:
         cache.save_checkpoint(key, search.state())
         bar.update(g)
+        if search_budget is not None:  # the time held back for the final rounds is not the search's
+            held = deadline - plan.search_end(evaluator)
+            search.config = replace(search.config, budget_s=max(0.0, search_budget - held))
 
     try:
         state = cache.load_checkpoint(key) if resume else None
@@ -175,21 +202,41 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
                   else GeneticSearch(space, evaluate, config, seeds))
         result = search.run(on_generation)
         bar.close()  # before the final timings, which print nothing
+        evaluator.deadline = deadline  # the time held back is the final rounds'
         return _finish(result, space, key, cache, evaluator, evaluate.skipped)
     finally:
         bar.close()
         evaluator.close()
 
 
+@dataclass(frozen=True)
+class _Budget:
+    """Splits a budget between the search and the final rounds against the defaults: the search
+    ends ``DECISION_ROUNDS`` rounds (two timing requests each, as long as the defaults' took)
+    before the deadline, or ``DECISION_SHARE`` of the budget if that is less or the defaults are
+    not timed yet. Nothing is held back while no candidate has a valid time: there is nothing to
+    decide, and the evaluator's grace for a first valid time runs from the deadline."""
+
+    deadline: float
+    budget: float | None
+
+    def search_end(self, evaluator: Evaluator) -> float:
+        if self.budget is None or not math.isfinite(evaluator.best):
+            return self.deadline
+        most = DECISION_SHARE * self.budget
+        request = evaluator.request_s.get(MappingOptions().to_json())
+        return self.deadline - (most if request is None else min(most, DECISION_ROUNDS * 2 * request))
+
+
 class _Evaluate:
     """The search's cost function: pruned genomes are not compiled; once the evaluator is out of
-    time, the rest of a generation is skipped (scored inf, counted apart from the invalid), and so
-    are the candidates its deadline stopped."""
+    time (the search's share of the budget), the rest of a generation is skipped (scored inf,
+    counted apart from the invalid), and so are the candidates its deadline stopped."""
 
     BATCH = 8  # candidates compiled together between deadline checks
 
-    def __init__(self, space: S.Space, evaluator: Evaluator) -> None:
-        self.space, self.evaluator = space, evaluator
+    def __init__(self, space: S.Space, evaluator: Evaluator, budget: _Budget) -> None:
+        self.space, self.evaluator, self.budget = space, evaluator, budget
         self.skipped: set[S.Genome] = set()
 
     def __call__(self, genomes: list[S.Genome]) -> list[float]:
@@ -197,6 +244,7 @@ class _Evaluate:
         costs: dict[S.Genome, float] = {}
         for i in range(0, len(keep), self.BATCH):
             batch = keep[i:i + self.BATCH]
+            self.evaluator.deadline = self.budget.search_end(self.evaluator)
             if self.evaluator.out_of_time():
                 self.skipped.update(batch)
                 continue
@@ -219,17 +267,20 @@ def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCac
     default = S.from_options(space, MappingOptions())
     default_time = result.costs.get(default, math.inf) if default is not None else math.inf
     invalid = sum(1 for g, c in result.costs.items() if not math.isfinite(c) and g not in skipped)
-    if result.best is None or not math.isfinite(result.best_cost):
-        best, best_time = MappingOptions(), default_time
-    else:
-        best, best_time = S.to_options(space, result.best), result.best_cost
-        if best != MappingOptions() and result.stopped != "interrupted" and not evaluator.spent():
-            # the two side by side, once more: not faster there is within the noise of the search
-            again_default, again_best = evaluator.retime([MappingOptions(), best])
-            if math.isfinite(again_best):
-                default_time, best_time = again_default, again_best
-            if math.isfinite(again_default) and again_default <= again_best:
-                best, best_time = MappingOptions(), again_default
+    candidate = (S.to_options(space, result.best) if result.best is not None and math.isfinite(result.best_cost)
+                 else None)
+    best, best_time, decision = MappingOptions(), default_time, None
+    if candidate is not None:
+        decision = _decision(candidate, result.stopped, evaluator)
+        tuned_times = [t for t, _ in decision.pairs if math.isfinite(t)]
+        default_times = [d for _, d in decision.pairs if math.isfinite(d)]
+        if default_times:
+            default_time = statistics.median(default_times)
+        if decision.keep:
+            best = candidate
+            best_time = statistics.median(tuned_times) if tuned_times else result.best_cost
+        else:
+            best_time = default_time
         history = [{"generation": g.number, "best": g.best_cost, "median": g.median_cost if math.isfinite(
             g.median_cost) else None, "evaluated": g.evaluated, "invalid": g.invalid} for g in result.generations]
         if math.isfinite(best_time):
@@ -237,7 +288,21 @@ def _finish(result: SearchResult, space: S.Space, key: TuneKey, cache: TuningCac
     if result.stopped != "interrupted":
         cache.clear_checkpoint(key)
     return TuneResult(best, best_time, default_time, result.generations, result.evaluations - len(skipped),
-                      invalid, result.stopped, key, list(evaluator.rejected))
+                      invalid, result.stopped, key, list(evaluator.rejected), decision, candidate)
+
+
+def _decision(candidate: MappingOptions, stopped: str, evaluator: Evaluator) -> Decision:
+    """Keep the search's best or the defaults: rounds side by side (``decide.sequential``) unless
+    there is nothing to compare, the defaults failed in the search, or the search was interrupted."""
+    defaults = MappingOptions()
+    none = decide(())
+    if candidate == defaults:
+        return replace(none, why="the defaults were the search's best")
+    if any(text == defaults.to_json() for text, _ in evaluator.rejected):
+        return replace(none, keep=True, why="the defaults failed in the search")
+    if stopped == "interrupted":
+        return replace(none, why="interrupted before the final rounds, so the defaults stay (resume=True goes on)")
+    return sequential(lambda r: evaluator.pair(candidate, defaults, r))
 
 
 class _Progress:
