@@ -55,7 +55,7 @@ def _f64(f: Impl) -> Impl:
     return g
 
 
-def _two_prod(a: np.ndarray, b: float) -> tuple[np.ndarray, np.ndarray]:
+def _two_prod(a: np.ndarray, b: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
     """``a * b`` as a rounded product and its exact error (Dekker's splitting; |a b| < 2^996)."""
     p = a * b
     split = 134217729.0
