@@ -811,7 +811,7 @@ class _Emitter:
         if not T.is_float(t):
             assert b.c_int is not None, e.fn
             return b.c_int.format(*a)
-        template = b.spelling(self.TARGET)
+        template = b.spelling(self.TARGET, t)
         self.mathlib.update((m, t) for m in _LIBRARY_CALL.findall(template))
         call = template.format(*a, f="f" if t in ("float32", "float16") else "", one=_literal(1.0, CTYPE[t]),
                                zero=_literal(0.0, CTYPE[t]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,19 @@ def test_sequential_looks_go_on_only_while_undecided_and_stop_when_timing_stops(
     assert d.rounds == 7 and d.keep  # 7 of 7 won: p = 1/128 < 0.05 / 3
     d = sequential(lambda r: (0.5, 1.0) if r < 5 else None)
     assert d.rounds == 5 and not d.keep  # 5 of 5 won: p = 1/32, not enough at 0.05 / 3
+
+
+def test_a_budget_holds_back_time_for_the_final_rounds():
+    defaults = MappingOptions().to_json()
+    plan = T._Budget(deadline=1000.0, budget=100.0)
+    timed = SimpleNamespace(best=0.01, request_s={defaults: 0.05})
+    rounds_s = T.DECISION_SETUP_S + T.DECISION_ROUNDS * 2 * 0.05
+    assert plan.search_end(timed) == pytest.approx(1000.0 - rounds_s)  # the rounds, as long as the defaults'
+    slow = SimpleNamespace(best=0.01, request_s={defaults: 5.0})
+    assert plan.search_end(slow) == pytest.approx(1000.0 - T.DECISION_SHARE * 100.0)  # at most a share
+    assert plan.search_end(SimpleNamespace(best=0.01, request_s={})) == pytest.approx(1000.0 - T.DECISION_SHARE * 100)
+    assert plan.search_end(SimpleNamespace(best=math.inf, request_s={})) == 1000.0  # nothing valid: no rounds
+    assert T._Budget(math.inf, None).search_end(timed) == math.inf
 
 
 # ---- end to end: runners that report chosen times -----------------------------------------------

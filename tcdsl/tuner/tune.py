@@ -32,7 +32,8 @@ from .evaluate import Evaluator
 from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
 
 DECISION_SHARE = 0.25  # at most this share of a budget is held back for the final rounds against the defaults
-DECISION_ROUNDS = 30  # the final rounds a budget holds time back for (the first look and half the next)
+DECISION_ROUNDS = 40  # the final rounds a budget holds time back for (the first two looks)
+DECISION_SETUP_S = 1.0  # and this, for a timing process to restart and load both kernels
 
 
 @dataclass
@@ -212,10 +213,11 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
 @dataclass(frozen=True)
 class _Budget:
     """Splits a budget between the search and the final rounds against the defaults: the search
-    ends ``DECISION_ROUNDS`` rounds (two timing requests each, as long as the defaults' took)
-    before the deadline, or ``DECISION_SHARE`` of the budget if that is less or the defaults are
-    not timed yet. Nothing is held back while no candidate has a valid time: there is nothing to
-    decide, and the evaluator's grace for a first valid time runs from the deadline."""
+    ends ``DECISION_ROUNDS`` rounds (two timing requests each, as long as the defaults' took) and
+    ``DECISION_SETUP_S`` before the deadline, or ``DECISION_SHARE`` of the budget before it if that
+    is less or the defaults are not timed yet. Nothing is held back while no candidate has a valid
+    time: there is nothing to decide, and the evaluator's grace for a first valid time runs from
+    the deadline."""
 
     deadline: float
     budget: float | None
@@ -225,7 +227,9 @@ class _Budget:
             return self.deadline
         most = DECISION_SHARE * self.budget
         request = evaluator.request_s.get(MappingOptions().to_json())
-        return self.deadline - (most if request is None else min(most, DECISION_ROUNDS * 2 * request))
+        if request is None:
+            return self.deadline - most
+        return self.deadline - min(most, DECISION_SETUP_S + DECISION_ROUNDS * 2 * request)
 
 
 class _Evaluate:
