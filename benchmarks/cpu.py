@@ -15,6 +15,8 @@ Its compute-bound counterpart is the float32 FMA peak (a C loop of independent v
 in registers, built by tcdsl's toolchain, best before and after the kernels): the compute table
 gives each contender's GFLOP/s, tcdsl's fraction of the peak and the fastest time the peak allows.
 The closing "targets" section says which of issue 3's performance targets are met.
+With --tune SECONDS each kernel is autotuned for that long; its tuned options are then timed against
+the defaults in 20 interleaved rounds of their own, printed beside the tuner's own keep-or-drop decision.
 
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (set on some machines) slow numpy's BLAS down; this script
 unsets both for its own process before numpy loads (re-executing itself when they were set).
@@ -76,6 +78,7 @@ FMA_RUN_S = 0.075  # seconds per run
 OUT = "tcdsl out="  # memory-bound kernels only: tcdsl writing into a preallocated output
 TRIAD = "triad"  # memory-bound kernels only: numpy's threaded triad, timed in the same rounds
 TUNED = "tcdsl tuned"  # with --tune: the options the autotuner found for this kernel
+TUNE_ROUNDS = 20  # with --tune: interleaved rounds of the tuned options against the defaults, right after tuning
 COMPILED = "torch.compile"  # with --tune: maxpool's torch.compile contender (issue 5's maxpool target)
 
 # ----------------------------------------------------------------------------------------------
@@ -288,6 +291,7 @@ class Result:
     status: str = "ok"  # ok | FAIL | ERROR
     note: str = ""
     tuned: Any = None  # the TuneResult, with --tune
+    side: dict[str, list[float]] = field(default_factory=dict)  # with --tune: "tuned"/"default" -> seconds per round
     tune_s: float = 0.0  # wall time of the search
 
 
@@ -840,6 +844,60 @@ def tune_case(res: Result, kernel: Any, arrays: list[np.ndarray], want: np.ndarr
         res.note += f" tuned options give a wrong result (rel err {err:.1e})"
         return
     contenders[TUNED] = lambda: kernel(*arrays, backend="c", options=opts)
+    defaults = MappingOptions()
+    res.side = side_by_side({"default": lambda: kernel(*arrays, backend="c", options=defaults),
+                             "tuned": contenders[TUNED]}, TUNE_ROUNDS)
+    print(f"{res.case.name} after {res.tune_s:.0f} s of tuning: {side_summary(res)}; tuner: {decision_text(res.tuned)}",
+          flush=True)
+
+
+def side_by_side(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each of ``calls`` in ``rounds`` interleaved rounds, timed as in run_case
+    (the first of a round rotating, pools quiesced, fast calls made hot by an untimed call first)."""
+    est: dict[str, float] = {}
+    for name, call in calls.items():
+        quiesce()
+        t0 = time.perf_counter()
+        call()
+        est[name] = time.perf_counter() - t0
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    order = list(calls)
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for name in order[r % len(order):] + order[:r % len(order)]:
+                quiesce()
+                if est[name] < PRECALL_BELOW_S:
+                    calls[name]()
+                t0 = time.perf_counter()
+                calls[name]()
+                samples[name].append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return samples
+
+
+def side_summary(r: Result) -> str:
+    """The side-by-side rounds of tuned against default options: medians, their ratio, rounds won."""
+    tuned, default = r.side.get("tuned", []), r.side.get("default", [])
+    if not tuned or not default:
+        return "not timed side by side"
+    won = sum(t < d for t, d in zip(tuned, default))
+    t, d = statistics.median(tuned), statistics.median(default)
+    return (f"tuned {fmt_ms(t)} ms, default {fmt_ms(d)} ms (medians of {len(tuned)} interleaved rounds), "
+            f"default/tuned {fmt_ratio(ratio(d, t))}, tuned faster in {won} of {len(tuned)}")
+
+
+def decision_text(tuned: Any) -> str:
+    """What the autotuner's final check against the defaults decided, and on what numbers."""
+    d = getattr(tuned, "decision", None)
+    if d is None:
+        return "no valid candidate"
+    if not d.rounds:
+        return f"{'kept' if d.keep else 'defaults'} ({d.why})"
+    return (f"{'kept its best' if d.keep else 'kept the defaults'} ({d.speedup:.2f}x in {d.rounds} rounds, "
+            f"won {d.wins}, sign test p = {d.p_value:.2g})")
 
 
 def tuned_table(results: list[Result], tune_s: float, population: int) -> None:
@@ -860,6 +918,18 @@ def tuned_table(results: list[Result], tune_s: float, population: int) -> None:
         print(f"| {r.case.name} | {fmt_ms(t)} | {fmt_ms(r.times.get('tcdsl'))} | {fmt_ms(r.times.get('numpy'))} | "
               f"{fmt_ms(r.times.get('torch'))} | {fmt_ratio(ratio(r.times.get('numpy'), t))} | "
               f"{fmt_ratio(ratio(r.times.get('torch'), t))} | {r.tuned.evaluations} | {r.tune_s:.0f} | {diff} |")
+    print()
+    print(f"## tuned against default options, side by side ({TUNE_ROUNDS} interleaved rounds right after tuning; "
+          "the tuner's own final check in the last column)")
+    print()
+    print("| kernel | tuned ms | default ms | default/tuned | tuned faster in | tuner's decision |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        tuned, default = r.side.get("tuned", []), r.side.get("default", [])
+        t, d = (statistics.median(x) if x else None for x in (tuned, default))
+        won = f"{sum(a < b for a, b in zip(tuned, default))} of {len(tuned)}" if tuned else "-"
+        print(f"| {r.case.name} | {fmt_ms(t)} | {fmt_ms(d)} | {fmt_ratio(ratio(d, t))} | {won} | "
+              f"{decision_text(r.tuned)} |")
     print()
     by = {r.case.name: r for r in rows}
     goals = [("matmul 1024^3 >= 0.7x numpy", "matmul_1024", "numpy", 0.7),
