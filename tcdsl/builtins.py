@@ -27,8 +27,9 @@ class Builtin:
     is ``f`` for float32 and float16 (which compute in float) and empty for float64, ``{one}`` is 1
     in the call's type. ``cuda`` and ``opencl`` default to ``c``; OpenCL C's overloaded names are
     reached through ``#define expf exp`` lines (codegen/gpu.py). ``c_int`` spells the call on integers
-    (kind "same" only). ``derivative``: "smooth" (a rule in tcdsl/derivative.py), "flat" (zero
-    wherever defined), or None (no derivative)."""
+    (kind "same" only), ``half`` on float16 where computing in float and rounding is not the same.
+    ``derivative``: "smooth" (a rule in tcdsl/derivative.py), "flat" (zero wherever defined), or
+    None (no derivative)."""
 
     name: str
     arity: int
@@ -39,9 +40,12 @@ class Builtin:
     opencl: str | None = None
     c_int: str | None = None
     derivative: str | None = "smooth"
+    half: str | None = None
 
-    def spelling(self, target: str) -> str:
-        """The call template for ``target`` ("c", "cuda" or "opencl")."""
+    def spelling(self, target: str, dtype: str = "float32") -> str:
+        """The call template for ``target`` ("c", "cuda" or "opencl") on ``dtype``."""
+        if dtype == "float16" and self.half is not None:
+            return self.half
         own = {"c": self.c, "cuda": self.cuda, "opencl": self.opencl}[target]
         return own if own is not None else self.c
 
@@ -268,7 +272,8 @@ _TABLE: tuple[Builtin, ...] = (
     # the rest of the CUDA math library: libm and OpenCL C have these
     _b("erfc", 1, _f64(_erfc)), _b("exp10", 1, _f64(lambda x: np.power(10.0, x))), _b("hypot", 2, np.hypot),
     _b("lgamma", 1, _f64(_lgamma)), _b("tgamma", 1, _f64(sp.gamma)),
-    _b("logb", 1, _f64(_logb), derivative="flat"), _b("nextafter", 2, np.nextafter),
+    _b("logb", 1, _f64(_logb), derivative="flat"),
+    _b("nextafter", 2, np.nextafter, half="tc_nextafter_half{f}({0}, {1})"),
     _b("remainder", 2, _f64(_remainder)), _b("copysign", 2, np.copysign), _b("fdim", 2, _f64(_fdim)),
     # libm has these; OpenCL C takes them from tcdsl.mathlib
     _b("j0", 1, _f64(_bessel_jy(sp.j0, 0, False)), opencl="tc_j0{f}({0})"),

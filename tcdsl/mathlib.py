@@ -228,6 +228,20 @@ DEVFN T tc_digamma@(T x) {
         - f * (0.0041666666666666667 - f * (0.0075757575757575758 - f * 0.021092796092796093)))));
   return r + log@(x) - 0.5 / x - s;
 }"""),
+    CFunction("tc_nextafter_half", (), r"""
+/* nextafter on float16 values held in floats: one float16 step (the caller rounds to float16) */
+DEVFN T tc_nextafter_half@(T x, T y) {
+  if (x != x || y != y) return x + y;
+  if (x == y) return y;
+  if (x == 0.0) return copysign@(5.9604644775390625e-08, y);
+  T a = fabs@(x);
+  if (a == INFINITY) return copysign@(65504.0, x);
+  int e = a < 6.103515625e-05 ? -14 : ilogb@(a);
+  T ulp = ldexp@(1.0, e - 10);
+  int away = (y > x) == (x > 0.0);
+  if (!away && e > -14 && a == ldexp@(1.0, e)) ulp *= 0.5;
+  return away ? x + copysign@(ulp, x) : x - copysign@(ulp, x);
+}"""),
     CFunction("tc_trigamma", ("tc_sinpi",), r"""
 /* trigamma: reflection below 0, the recurrence up to TRIGAMMA_SHIFT, then the asymptotic series */
 DEVFN T tc_trigamma@(T x) {

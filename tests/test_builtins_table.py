@@ -312,6 +312,28 @@ def test_every_builtin_matches_the_reference(backend: str, dtype: str) -> None:
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_float16_computes_in_float_and_rounds(backend: str) -> None:
+    """float16 arguments: every backend within 1 ulp (of float16) of the interpreter, which
+    computes in float64 and rounds; NaN and infinities in the same places."""
+    if backend == "c" and not has_c_compiler():
+        pytest.skip("no C compiler")
+    k = tc.define(source("float32").replace("float(F, N, K)", "float16(F, N, K)"))
+    with np.errstate(all="ignore"):
+        a = packed("float32").astype(np.float16)
+        want, got = k(a, backend="numpy"), k(a, backend=backend)
+    for name, w, g in zip(NEW, want, got):
+        w, g = w.astype(np.float64), g.astype(np.float64)
+        assert np.array_equal(np.isnan(w), np.isnan(g)), name
+        inf = np.isinf(w) | np.isinf(g)
+        assert np.array_equal(w[inf], g[inf]), name
+        fin = np.isfinite(w)
+        with np.errstate(over="ignore"):  # the spacing at 65504 is inf in float16: 32 in float64
+            ulp = np.spacing(np.maximum(np.abs(w[fin]), float(np.finfo(np.float16).tiny)).astype(np.float16))
+        ulp = np.where(np.isinf(ulp), 32.0, ulp)
+        assert np.all(np.abs(w[fin] - g[fin]) <= ulp.astype(np.float64)), name
+
+
 def test_the_table_is_complete_and_consistent() -> None:
     from tcdsl.sema import BUILTINS as SEMA
 
