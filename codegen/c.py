@@ -20,11 +20,12 @@ from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
 from tcdsl.builtins import BUILTINS
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
+from tcdsl.polyhedral.cputarget import GENERIC, CpuTarget
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, trip_count, walk
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, memshare, regtile, transpose, vecloop, vectile
+from . import contract, memshare, regtile, transpose, vecisa, vecloop, vectile
 from .writer import LineWriter
 
 CTYPE = {
@@ -85,41 +86,27 @@ static inline long tc_chunk(long trips) {
 
 """
 
-VECTOR_EXP = r"""/* float32 exp: on AVX-512, tc_exp16 computes 16 lanes (2^k * p(r) with k rounded from x / ln 2, a
-   two-part ln 2, Cephes' polynomial and vscalefps for 2^k, subnormals included); the `omp simd`
-   loops call it through a vector variant of tc_expf, the explicit vector loops inline it. Single
-   values, and other machines, use libm's expf. */
-#if defined(__AVX512F__) && defined(__GNUC__)
-#include <immintrin.h>
-static inline __attribute__((always_inline)) __m512 tc_exp16(__m512 x) {
-  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  __m512 y = _mm512_scalef_ps(p, k);
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
-}
-#endif
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#pragma omp declare simd notinbranch simdlen(16)
+# the `omp simd` loops' vector variant of float32 exp (the x86 vector-function ABI's ISA letter):
+# GCC calls it for whole vectors of lanes; single values use libm's expf
+_SIMD_ABI = {"avx512": "e", "avx2": "d", "sse2": "b"}
+
+
+def vector_exp(target: CpuTarget) -> str:
+    """``TC_EXPF``: float32 exp in `omp simd` loops, through a vector variant that runs the vector
+    layer's ``tc_vf_exp`` (codegen.vecisa), or libm's expf where the target has none."""
+    letter = _SIMD_ABI[target.isa]
+    lanes = target.lanes("float32")
+    return f"""#if TC_VEC_ISA && defined(__GNUC__) && !defined(__clang__)
+#pragma omp declare simd notinbranch simdlen({lanes})
 float tc_expf(float);
 __attribute__((visibility("hidden"))) float tc_expf_one(float x) __asm__("tc_expf");
-__attribute__((visibility("hidden"))) float tc_expf_one(float x) { return expf(x); }
-__attribute__((visibility("hidden"))) __m512 _ZGVeN16v_tc_expf(__m512 x) { return tc_exp16(x); }
+__attribute__((visibility("hidden"))) float tc_expf_one(float x) {{ return expf(x); }}
+__attribute__((visibility("hidden"))) tc_vf _ZGV{letter}N{lanes}v_tc_expf(tc_vf x) {{ return tc_vf_exp(x); }}
 #define TC_EXPF tc_expf
 #else
 #define TC_EXPF expf
 #endif
 """
-
 
 
 # glibc's libmvec has SIMD versions of these (glibc >= 2.35): declaring them lets `omp simd` loops
@@ -165,23 +152,24 @@ SMALL_INNER = 4  # a window reduction this short may run inside the vectorised l
 COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
 
 
-def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str = "tc_kernel",
+def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], target: CpuTarget, fn: str = "tc_kernel",
          vectorize: bool = True, vector_math: bool = False, unroll: int = 0) -> CSource:
-    """C source for ``ir``; ``strides`` gives each tensor's element strides; ``vector_math``
-    declares libmvec's SIMD math functions (see ``toolchain.has_vector_math``)."""
-    return _Emitter(scop, strides, fn, vectorize, vector_math, unroll).run(ir)
+    """C source for ``ir`` on ``target``; ``strides`` gives each tensor's element strides;
+    ``vector_math`` declares libmvec's SIMD math functions (see ``toolchain.has_vector_math``)."""
+    return _Emitter(scop, strides, fn, vectorize, vector_math, unroll, target).run(ir)
 
 
 class _Emitter:
     ITYPE = "long"  # loop iterators and statement indices
     IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
-    VECTOR_TILES = True  # register tiles and pointwise loops in explicit AVX-512 vectors where they have that form
+    VECTOR_TILES = True  # register tiles and pointwise loops in the target's explicit vectors where they have that form
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
     TARGET = "c"  # whose builtin spellings (tcdsl.builtins) this emitter prints
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
-                 vector_math: bool, unroll: int = 0) -> None:
+                 vector_math: bool, unroll: int = 0, target: CpuTarget | None = None) -> None:
         self.scop = scop
+        self.target = target or GENERIC
         self.unroll = unroll
         self.vectorize = vectorize
         self.vector_math = vector_math and vectorize
@@ -208,15 +196,16 @@ class _Emitter:
         self.rows = contract.row_buffers(ir, self.scop, set(self.contracted))
         self.in_memory = set(self.order) - set(self.contracted) - set(self.rows)
         w.raw(PRELUDE)
+        vector_prelude = w.mark()  # codegen.vecisa's layer goes here if any vector code is written
         if self.vector_math:
             w.raw(vector_math_decls())
         uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
-        w.raw(VECTOR_EXP if self.vectorize and uses_exp else "#define TC_EXPF expf\n")
+        self.vector_code = self.vectorize and uses_exp and self.target.isa in _SIMD_ABI
+        w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
         self.transposes = {id(n): tp for n in walk(ir.body) if isinstance(n, LFor) and self.vectorize
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
         if self.transposes:
             w.raw(transpose.HELPER)
-        vector_prelude = w.mark()  # vectile.PRELUDE goes here if any vector code is written
         library = w.mark()  # the tcdsl.mathlib functions the kernel calls go here
         self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
@@ -252,7 +241,7 @@ class _Emitter:
         if self.mathlib:
             w.insert(library, mathlib.source(self.mathlib))
         if self.vector_code:
-            w.insert(vector_prelude, vectile.PRELUDE)
+            w.insert(vector_prelude, vecisa.prelude(self.target))
         sizes: dict[str, int] = {}
         for name, owner in owners.items():
             sizes[owner] = max(sizes.get(owner, 0), memshare.elements(self.shapes[name]))
@@ -306,7 +295,7 @@ class _Emitter:
             vl = vecloop.plan(self, n)
             if vl is not None:
                 self.vector_code = True
-                w.line("#if TC_VEC16")
+                w.line("#if TC_VEC")
                 vecloop.emit(self, vl)
                 w.line("#else")
             if n.omp:
@@ -421,7 +410,7 @@ class _Emitter:
             vt = vectile.plan(self, rt) if self.VECTOR_TILES and inside is None else None
             self.vector_code |= vt is not None
             if vt is not None and vt.full:  # partial tiles take the scalar tile
-                w.line("#if TC_VEC16")
+                w.line("#if TC_VEC")
                 w.line(f"if ({' && '.join(vt.full)}) {{")
                 with w.indent():
                     vectile.emit(self, vt, s.number in self.identity_start)
@@ -430,7 +419,7 @@ class _Emitter:
                 w.line("{")
                 w.push()
             elif vt is not None:
-                w.line("#if TC_VEC16")
+                w.line("#if TC_VEC")
                 vectile.emit(self, vt, s.number in self.identity_start)
                 w.line("#else")
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
@@ -520,7 +509,7 @@ class _Emitter:
         registers (group conv's 26-wide rows: 98 -> 78 ms on one thread)."""
         trips = trip_count(f)
         dtype = self.tensors[self.c.stmts[self.scop.stmt(rt.call.stmt).number - 1].tensor].dtype
-        lanes = 64 // max(np.dtype(dtype).itemsize, 1) if dtype != "bool" else 64
+        lanes = self.target.lanes(dtype)
         if trips is None or not isinstance(f.init, LInt) or trips <= lanes or trips % lanes == 0:
             return [(None, None)]
         lo = f.init.value
@@ -816,7 +805,7 @@ class _Emitter:
         call = template.format(*a, f="f" if t in ("float32", "float16") else "", one=_literal(1.0, CTYPE[t]),
                                zero=_literal(0.0, CTYPE[t]))
         if t == "float32":
-            call = _EXPF.sub("TC_EXPF(", call)  # float32 exp has a vector variant (VECTOR_EXP)
+            call = _EXPF.sub("TC_EXPF(", call)  # float32 exp has a vector variant (vector_exp)
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from tcdsl import knobs
 from tcdsl.errors import TcCompileError
+from tcdsl.polyhedral import cputarget
+from tcdsl.polyhedral.cputarget import CpuTarget
 
 from . import diskcache
 
@@ -126,6 +128,48 @@ def cpu_target(cc: tuple[str, ...]) -> str:
     return _kernel_cpu_flags()
 
 
+def target() -> CpuTarget:
+    """The CPU target kernels compile for: the machine's own (what ``cc -march=native`` turns on),
+    or the narrower one ``$TCDSL_CPU`` names."""
+    return _named_target(knobs.cpu(), tuple(compiler()))
+
+
+@functools.cache
+def _named_target(name: str, cc: tuple[str, ...]) -> CpuTarget:
+    return cputarget.named(name, native_target(cc))
+
+
+@functools.cache
+def native_target(cc: tuple[str, ...]) -> CpuTarget:
+    """The machine's target: the vector ISA ``cc -march=native`` compiles for, the caches from sysfs
+    and the cores this process may use."""
+    features = set(cpu_target(cc).split())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cputarget.from_features(features, platform.machine(), cores, _caches())
+
+
+def _caches() -> dict[str, int]:
+    """Sizes of cpu0's data caches by level (``l1d``, ``l2``, ``l3``) from sysfs, where it has them."""
+    out: dict[str, int] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction" or level not in ("1", "2", "3"):
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if m:
+            scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2]]
+            out["l1d" if level == "1" else f"l{level}"] = int(m[1]) * scale
+    return out
+
+
 def _kernel_cpu_flags() -> str:
     flags = ""
     try:
@@ -145,7 +189,7 @@ def library_key(source: str, stem: str = "", entry: str = "") -> str:
     cc = tuple(compiler())
     h = hashlib.sha256()
     for part in (source, stem, entry, compiler_version(cc), " ".join(cc), " ".join(FLAGS), cpu_target(cc),
-                 __version__):
+                 target().key, __version__):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -188,7 +232,7 @@ def _compile(source: str, lib: Path, key: str, entry: str, symbol: str) -> Built
     os.close(fd)
     libs = ["-lmvec", "-lm"] if "declare simd" in source else ["-lm"]
     rename = [f"-D{entry}={symbol}"] if entry else []
-    cmd = [*compiler(), *FLAGS, *rename, "-o", tmp, str(src), *libs]
+    cmd = [*compiler(), *FLAGS, *target().flags, *rename, "-o", tmp, str(src), *libs]
     global BUILDS
     BUILDS += 1
     try:

@@ -1,7 +1,7 @@
-"""Vector loops: ``LFor -> VectorLoop | None``, and a vectorisable pointwise loop written in
-explicit 16-lane AVX-512 vectors.
+"""Vector loops: ``LFor -> VectorLoop | None``, and a vectorisable pointwise loop written in the
+target's explicit vectors (codegen.vecisa).
 
-An innermost ``omp simd`` loop of float32 ``=`` statements, with a constant trip count of at
+An innermost ``omp simd`` loop of float32 or float64 ``=`` statements of one type, with a constant trip count of at
 least one vector, whose target and reads run along the loop contiguously (or not at all: a
 broadcast), and whose value is built from ``+ - * /`` and ``exp``: softmax's
 ``e(n, d) = exp(X(n, d) - mx(n))``. Auto-vectorised, each vector of such a loop calls the
@@ -23,7 +23,8 @@ from tcdsl.affine import Sym
 from tcdsl.checked import Statement, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
-from .vectile import LANES, elem_step, plus_var, unparen, vector_expr, vexpr
+from .vecisa import vector_type
+from .vectile import VECTOR_DTYPES, elem_step, plus_var, unparen, vector_expr, vexpr
 
 if TYPE_CHECKING:
     from .c import _Emitter
@@ -33,6 +34,7 @@ class VectorLoop:
     loop: LFor
     calls: tuple[tuple[LCall, Statement, str], ...]  # each statement, and its index that moves with the loop
     trips: int
+    lanes: int
     overlap: bool  # the last vector overlaps the one before
 
 
@@ -41,14 +43,21 @@ def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
     if not (em.VECTOR_TILES and em.vectorize and n.simd and not n.omp and n.step == 1 and isinstance(n.init, LInt)):
         return None
     trips = trip_count(n)
-    if trips is None or trips < LANES or not n.body or not all(isinstance(b, LCall) for b in n.body):
+    if trips is None or not n.body or not all(isinstance(b, LCall) for b in n.body):
+        return None
+    dtypes = {em.tensors[em.c.stmts[em.scop.stmt(b.stmt).number - 1].tensor].dtype for b in n.body
+              if isinstance(b, LCall)}
+    if len(dtypes) != 1 or not dtypes <= set(VECTOR_DTYPES):
+        return None
+    lanes = em.target.lanes(dtypes.pop())
+    if lanes < 2 or trips < lanes:
         return None
     calls = []
     for call in n.body:
         assert isinstance(call, LCall)
         st = em.scop.stmt(call.stmt)
         s = em.c.stmts[st.number - 1]
-        if st.kind != "update" or s.op != "=" or em.tensors[s.tensor].dtype != "float32" or s.tensor in em.scalars:
+        if st.kind != "update" or s.op != "=" or s.tensor in em.scalars:
             return None
         args = dict(zip(st.indices, call.args))
         along = [name for name, a in args.items() if n.var in expr_vars(a)]
@@ -61,10 +70,10 @@ def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
             return None
         calls.append((call, s, row))
     written = {s.tensor for _, s, _ in calls}
-    overlap = trips % LANES != 0
+    overlap = trips % lanes != 0
     if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
         return None  # rerunning lanes would read what the first run wrote
-    return VectorLoop(n, tuple(calls), trips, overlap)
+    return VectorLoop(n, tuple(calls), trips, lanes, overlap)
 
 
 def emit(em: _Emitter, vl: VectorLoop) -> None:
@@ -73,15 +82,16 @@ def emit(em: _Emitter, vl: VectorLoop) -> None:
     w, n = em.w, vl.loop
     assert isinstance(n.init, LInt)
     lo = n.init.value
-    whole = vl.trips // LANES * LANES
-    w.line(f"for (long {n.var} = {lo}; {n.var} < {lo + whole}; {n.var} += {LANES}) {{")
+    lanes = vl.lanes
+    whole = vl.trips // lanes * lanes
+    w.line(f"for (long {n.var} = {lo}; {n.var} < {lo + whole}; {n.var} += {lanes}) {{")
     with w.indent():
         _body(em, vl)
     w.line("}")
     if vl.overlap:
-        w.line(f"{{  // the last {LANES} of {vl.trips}, overlapping the vector before")
+        w.line(f"{{  // the last {lanes} of {vl.trips}, overlapping the vector before")
         with w.indent():
-            w.line(f"const long {n.var} = {lo + vl.trips - LANES};")
+            w.line(f"const long {n.var} = {lo + vl.trips - lanes};")
             _body(em, vl)
         w.line("}")
 
@@ -96,5 +106,5 @@ def _body(em: _Emitter, vl: VectorLoop) -> None:
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
-            em.w.line(f"_mm512_storeu_ps(&{target}, {vexpr(em, s.rhs, env, s, row)});")
+            em.w.line(f"{vector_type(s.rhs.dtype)}_store(&{target}, {vexpr(em, s.rhs, env, s, row)});")
         em.w.line("}")

@@ -1,22 +1,23 @@
-"""Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in explicit
-16-lane AVX-512 vectors.
+"""Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in the
+target's explicit vectors (codegen.vecisa: AVX-512, AVX2, SSE2, NEON or generic vector extensions).
 
-A float32 sum register tile (see regtile) whose innermost tile loop has a constant trip count of
-at least one vector and runs along a contiguous row of the target is written with one ``__m512``
-accumulator per 16 elements of each row. Each input vector of one step of the serial loops is
+A float32 or float64 sum register tile (see regtile) whose innermost tile loop has a constant trip
+count of at least one vector and runs along a contiguous row of the target is written with one
+vector accumulator per vector of each row. Each input vector of one step of the serial loops is
 loaded once into a register and used by every row of the tile, and a value that does not move
 along the row is broadcast once. Auto-vectorised, the same tile has GCC fold each load into
 every multiply-add that uses it again (one load per FMA, most of them across a cache line):
 conv2d's 4x54 tile ran at a third of one core's FMA peak that way and at 80 % this way. Where an
 outer tile loop is partial (6-row tiles of 1024 rows), whole tiles take the vector form and the
-last one the scalar tile.
+last one the scalar tile; so with a partial tile along the row (6x16 tiles of 85 columns).
+Lanes and the accumulator budget come from the ``CpuTarget``.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
-54-wide row: 0, 16, 32, 38): the overlapped elements are computed twice, from the same inputs in
-the same order, and stored twice with the same bits, since every load of the target happens
-before the serial loops and every store after them.
+54-wide row in 16 lanes: 0, 16, 32, 38): the overlapped elements are computed twice, from the
+same inputs in the same order, and stored twice with the same bits, since every load of the
+target happens before the serial loops and every store after them.
 
-The vector text sits under ``#if TC_VEC16`` beside the scalar tile, for compilers without AVX-512.
+The vector text sits under ``#if TC_VEC`` beside the scalar tile, for compilers without the ISA.
 """
 
 from __future__ import annotations
@@ -30,30 +31,14 @@ from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .regtile import RegisterTile
+from .vecisa import vector_type
 
 if TYPE_CHECKING:
     from .c import _Emitter
 
-LANES = 16  # float32 lanes of an AVX-512 register
-MAX_ACCUMULATORS = 24  # of 32 vector registers: the rest hold the loads of one step
-OPS = {"+": "_mm512_add_ps", "-": "_mm512_sub_ps", "*": "_mm512_mul_ps"}
-LOOP_OPS = {**OPS, "/": "_mm512_div_ps"}  # a pointwise loop divides too (a tile's sum of quotients does not)
-
-PRELUDE = r"""/* Register tiles and loops in explicit 16-lane vectors where the compiler targets AVX-512 (or
-   -DTC_VEC16=1/0 says): each input vector of a tile is loaded once into a register and used by
-   every row of the tile (tc_keep stops GCC from folding the load into each multiply-add) */
-#ifndef TC_VEC16
-#if defined(__AVX512F__) && defined(__GNUC__)
-#define TC_VEC16 1
-#else
-#define TC_VEC16 0
-#endif
-#endif
-#if TC_VEC16
-#include <immintrin.h>
-#define tc_keep(v) __asm__("" : "+v"(v))
-#endif
-"""
+VECTOR_DTYPES = ("float32", "float64")
+OPS = {"+": "+", "-": "-", "*": "*"}
+LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
 
 
 @dataclass(frozen=True)
@@ -62,6 +47,7 @@ class VectorTile:
     stmt: Statement
     row: str  # the statement index that runs along the vectors
     starts: tuple[int, ...]  # offsets of the vectors in a row (the last may overlap the one before)
+    lanes: int  # elements per vector
     full: tuple[str, ...] = ()  # C tests that a partial tile (``c6 <= min(5, N - c3)``) is whole this time
 
 
@@ -69,17 +55,17 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     """The vector form of ``rt``, or None where the tile does not have one."""
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
-    if not em.vectorize or s.op != "+" or em.tensors[s.tensor].dtype != "float32":
+    dtype = em.tensors[s.tensor].dtype
+    if not em.vectorize or s.op != "+" or dtype not in VECTOR_DTYPES:
         return None
+    lanes = em.target.lanes(dtype)
     if s.tensor in em.scalars or s.tensor in em.rows or s.tensor in em.contracted:
         return None
     vec = rt.inner[-1]
-    if trip_count(vec) != rt.extents[-1]:
-        return None
-    if any(trip_count(f) not in (None, e) for f, e in zip(rt.inner[:-1], rt.extents[:-1])):
+    if any(trip_count(f) not in (None, e) for f, e in zip(rt.inner, rt.extents)):
         return None
     extent = rt.extents[-1]
-    if extent < LANES:
+    if extent < lanes or lanes < 2:
         return None
     args = dict(zip(st.indices, rt.call.args))
     along = [name for name, a in args.items() if vec.var in expr_vars(a)]
@@ -93,15 +79,17 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     rows = 1
     for e in rt.extents[:-1]:
         rows *= e
-    starts = tuple(range(0, extent - LANES + 1, LANES))
-    if extent % LANES:
-        starts += (extent - LANES,)
-    if rows * len(starts) > MAX_ACCUMULATORS:
+    starts = tuple(range(0, extent - lanes + 1, lanes))
+    if extent % lanes:
+        starts += (extent - lanes,)
+    if rows * len(starts) > em.target.accumulators:
+        return None
+    partial = [(f, e) for f, e in zip(rt.inner, rt.extents) if trip_count(f) is None]
+    if not all(isinstance(f.cond, LOp) and f.cond.op in ("<", "<=") and len(f.cond.args) == 2 for f, _ in partial):
         return None
     full = tuple(f"{unparen(em._lexpr(f.cond.args[1]))} >= {_init(f) + e - (1 if f.cond.op == '<=' else 0)}"
-                 for f, e in zip(rt.inner[:-1], rt.extents[:-1])
-                 if trip_count(f) is None and isinstance(f.cond, LOp))
-    return VectorTile(rt, s, row, starts, full)
+                 for f, e in partial)
+    return VectorTile(rt, s, row, starts, lanes, full)
 
 
 def plus_var(e: LExpr, var: str) -> bool:
@@ -115,11 +103,12 @@ def plus_var(e: LExpr, var: str) -> bool:
 
 
 def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
-    """``e`` is float32 reads, constants, ``+``, ``-`` and ``*``, and each read is contiguous
-    along the row or does not move with it. In a pointwise loop (``loop``) also ``/``, ``exp``,
-    values hoisted out of the loop, contracted scalars and row buffers; a register tile reads
-    neither its own target nor a buffer it does not index in memory."""
-    if e.dtype != "float32":
+    """``e`` is reads, constants, ``+``, ``-`` and ``*`` of the statement's type (float32 or
+    float64), and each read is contiguous along the row or does not move with it. In a pointwise
+    loop (``loop``) also ``/``, float32 ``exp``, values hoisted out of the loop, contracted scalars
+    and row buffers; a register tile reads neither its own target nor a buffer it does not index
+    in memory."""
+    if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES:
         return False
     if isinstance(e, Const):
         return True
@@ -127,7 +116,7 @@ def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = Fal
         return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop)
                 and vector_expr(em, e.rhs, s, row, loop))
     if isinstance(e, Call):
-        return loop and e.fn == "exp" and vector_expr(em, e.args[0], s, row, loop)
+        return loop and e.fn == "exp" and e.dtype == "float32" and vector_expr(em, e.args[0], s, row, loop)
     if isinstance(e, Read):
         if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
             return True
@@ -161,18 +150,19 @@ def elem_step(em: _Emitter, tensor: str, subs: tuple[Sym, ...], row: str) -> int
 
 def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
           loads: dict[str, str] | None = None) -> str:
-    """``e`` as an ``__m512`` expression; with ``loads``, each distinct load or broadcast is
-    named there once (``load text -> local``) and the expression uses the names."""
+    """``e`` as a vector expression (codegen.vecisa); with ``loads``, each distinct load or
+    broadcast is named there once (``load text -> local``) and the expression uses the names."""
+    v = vector_type(e.dtype)
     if isinstance(e, Const):
-        return f"_mm512_set1_ps({em._expr(e, env, s)})"
+        return f"{v}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
-        return f"{LOOP_OPS[e.op]}({vexpr(em, e.lhs, env, s, row, loads)}, {vexpr(em, e.rhs, env, s, row, loads)})"
+        return f"({vexpr(em, e.lhs, env, s, row, loads)} {LOOP_OPS[e.op]} {vexpr(em, e.rhs, env, s, row, loads)})"
     if isinstance(e, Call):
-        return f"tc_exp16({vexpr(em, e.args[0], env, s, row, loads)})"
+        return f"tc_vf_exp({vexpr(em, e.args[0], env, s, row, loads)})"
     assert isinstance(e, Read)
     at = em._read(e, env, s)
     along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
-    text = f"_mm512_loadu_ps(&{at})" if along else f"_mm512_set1_ps({at})"
+    text = f"{v}_load(&{at})" if along else f"{v}_set1({at})"
     if loads is None:
         return text
     if text not in loads:
@@ -203,14 +193,12 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     def target(combo: tuple[int, ...], start: int) -> str:
         return em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env_at(combo, start))
 
-    overlap = " (the last overlapping the one before)" if vt.starts[-1] % LANES else ""
-    w.line(f"// in {len(vt.starts)} vectors of {LANES} per row{overlap}")
+    v = vector_type(s.rhs.dtype)
+    overlap = " (the last overlapping the one before)" if vt.starts[-1] % vt.lanes else ""
+    w.line(f"// in {len(vt.starts)} vectors of {vt.lanes} per row{overlap}")
     for key in tiles:
-        if identity_start:
-            value = "_mm512_setzero_ps()"
-        else:
-            value = f"_mm512_loadu_ps(&{target(*key)})"
-        w.line(f"__m512 {acc[key]} = {value};")
+        value = f"{v}_zero()" if identity_start else f"{v}_load(&{target(*key)})"
+        w.line(f"{v} {acc[key]} = {value};")
     for loop in rt.serial:
         w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {unparen(em._lexpr(loop.cond))}; "
                f"{loop.var} += {loop.step}) {{")
@@ -222,22 +210,21 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
         if isinstance(s.rhs, Binop) and s.rhs.op == "*":
             a = vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
             b = vexpr(em, s.rhs.rhs, env, s, vt.row, loads)
-            updates.append(f"{acc[key]} = _mm512_fmadd_ps({a}, {b}, {acc[key]});")
+            updates.append(f"{acc[key]} = {v}_fma({a}, {b}, {acc[key]});")
         else:
-            updates.append(f"{acc[key]} = _mm512_add_ps({acc[key]}, {vexpr(em, s.rhs, env, s, vt.row, loads)});")
+            updates.append(f"{acc[key]} = {acc[key]} + {vexpr(em, s.rhs, env, s, vt.row, loads)};")
     for text, name in loads.items():
-        w.line(f"__m512 {name} = {text};")
-    kept = [name for text, name in loads.items() if text.startswith("_mm512_loadu_ps")]
-    for k in range(0, len(kept), 4):
-        w.line(f"tc_keep({kept[k]});" if len(kept[k:k + 4]) == 1 else
-               "__asm__(\"\" : " + ", ".join(f'"+v"({n})' for n in kept[k:k + 4]) + ");")
+        w.line(f"{v} {name} = {text};")
+    kept = [name for text, name in loads.items() if "_load(" in text]
+    for name in kept:
+        w.line(f"tc_keep({name});")
     for line in updates:
         w.line(line)
     for _ in rt.serial:
         w.pop()
         w.line("}")
     for key in tiles:
-        w.line(f"_mm512_storeu_ps(&{target(*key)}, {acc[key]});")
+        w.line(f"{v}_store(&{target(*key)}, {acc[key]});")
 
 
 def unparen(text: str) -> str:

@@ -9,23 +9,24 @@ tiles whose loops are fully unrolled (unroll-and-jam). Each step keeps the sched
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
 
+from tcdsl import dtypes as T
 from tcdsl import knobs
 from tcdsl.affine import Sym, Var
 from tcdsl.options import MappingOptions
 
+from .cputarget import GENERIC, CpuTarget
 from .deps import Deps, respects
 from .schedule import check_legal
 from .scop import Scop, stmt_order
 
-DEFAULT_TILE = 32
 ROW_REGISTER_ONE = 6  # register-tile rows of a contraction with one row member
-ROW_TILE_ONE = 48  # its cache tile: eight register tiles
-VECTOR = 16  # float32 lanes of one vector register (AVX-512)
+ROW_TILES_PER_CACHE_TILE = 8  # its cache tile: eight register tiles
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
@@ -44,10 +45,11 @@ class MemberInfo:
     extent: int  # the largest trip count over the statements (for tile-size choices)
 
 
-def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
+def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions,
+              target: CpuTarget = GENERIC) -> isl.Schedule:
     node = _split_inits(sched.get_root(), deps)
     node = _distribute_mixed(node, deps)
-    node = _visit(node, scop, deps, options)
+    node = _visit(node, scop, deps, options, target)
     out = node.get_schedule()
     check_legal(out, deps)
     return out
@@ -90,19 +92,21 @@ def _arity(dom: isl.UnionSet, name: str) -> int:
     return sets[0].dim(isl.dim_type.set)
 
 
-def _visit(node: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOptions) -> isl.ScheduleNode:
+def _visit(node: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOptions,
+           target: CpuTarget) -> isl.ScheduleNode:
     """Transform every band below ``node``; returns the node at ``node``'s position."""
     depth = node.get_tree_depth()
     if node.get_type() == isl.schedule_node_type.band:
-        node = _band(node, scop, deps, options)
+        node = _band(node, scop, deps, options, target)
     for i in range(node.n_children()):
-        node = _visit(node.child(i), scop, deps, options).parent()
+        node = _visit(node.child(i), scop, deps, options, target).parent()
     while node.get_tree_depth() > depth:
         node = node.parent()
     return node
 
 
-def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOptions) -> isl.ScheduleNode:
+def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOptions,
+          target: CpuTarget) -> isl.ScheduleNode:
     """Tile ``band`` and arrange its point loops; returns the innermost band created, so the
     caller continues below it."""
     n = band.band_n_member()
@@ -110,7 +114,8 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
         return band
     band = _unreverse(band, deps)
     infos = [member_info(band, i, scop) for i in range(n)]
-    p = plan(infos, [bool(band.band_member_get_coincident(i)) for i in range(n)], options)
+    p = plan(infos, [bool(band.band_member_get_coincident(i)) for i in range(n)], options, target,
+             _itemsize(band, scop))
     if any(s > 1 for s in p.tile):
         mv = isl.MultiVal.zero(band.band_get_space())
         ctx = band.get_ctx()
@@ -135,13 +140,33 @@ class Plan:
     register: list[int]  # register-tile size per point loop (in ``order``); 1: none
 
 
-def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOptions) -> Plan:
+def _itemsize(band: isl.ScheduleNode, scop: Scop) -> int:
+    """Bytes per element of the widest tensor the band's statements write (4 when none is known)."""
+    names: list[str] = []
+    band.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
+    c = scop.inst.checked
+    sizes = [T.np_dtype(c.tensors[c.stmts[int(name.removeprefix("init").removeprefix("S")) - 1].tensor].dtype).itemsize
+             for name in names]
+    return max(sizes, default=4)
+
+
+def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOptions,
+         target: CpuTarget = GENERIC, itemsize: int = 4) -> Plan:
     """Tile sizes, point order and register tiles for one band: the options' where given, else
-    the default heuristic. A band with a reduction (a non-coincident member) and a parallel
-    member walking contiguous memory becomes a BLAS-like nest: cache tiles, then the reduction
-    loops inside register tiles of a 'row' member x the contiguous member (the target tile stays
-    in registers across the reduction); other bands put their most contiguous member innermost."""
+    the default heuristic for ``target`` (its lanes for elements of ``itemsize`` bytes, its
+    accumulator registers and caches). A band with a reduction (a non-coincident member) and a
+    parallel member walking contiguous memory becomes a BLAS-like nest: cache tiles, then the
+    reduction loops inside register tiles of a 'row' member x the contiguous member (the target
+    tile stays in registers across the reduction); other bands put their most contiguous member
+    innermost."""
     n = len(infos)
+    lanes = max(1, target.vector_bytes // itemsize)
+    budget = target.accumulators  # vector accumulators a register tile may hold
+    two_row_budget = 2 * budget // 3  # two row members: the rest holds more operand vectors
+    # cache tiles: a row panel of the reduction in L1, the reduction x contiguous panel in a quarter of L2
+    red_tile = _pow2_floor(max(16, target.l1d * 3 // 4 // (ROW_REGISTER_ONE * ROW_TILES_PER_CACHE_TILE * itemsize)))
+    contig_tile = min(1024, max(128, _pow2_floor(target.l2 // 4 // (red_tile * itemsize))))
+    square_tile = _pow2_floor(math.isqrt(target.l1d // itemsize // 4))  # two square tiles in half of L1
     par = [i for i in range(n) if coincident[i]]
     red = [i for i in range(n) if not coincident[i]]
 
@@ -185,13 +210,14 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     def default_tile(i: int) -> int:
         if i in red and row is None and contig is None:
             return 0  # reductions innermost: one accumulator over the whole range
-        row_tile = ROW_TILE_ONE if len(rows) == 1 else 64  # whole register tiles of rows
+        # whole register tiles of rows
+        row_tile = ROW_REGISTER_ONE * ROW_TILES_PER_CACHE_TILE if len(rows) == 1 else 64
         if transposing and i == contig:
             size = CROSS_CONTIG_TILE
         elif i in crossing:
             size = CROSS_TILE
         else:
-            size = 256 if i == contig else row_tile if i in rows else 128 if i in red else DEFAULT_TILE
+            size = contig_tile if i == contig else row_tile if i in rows else red_tile if i in red else square_tile
         return size if infos[i].extent > size else 0
 
     # Two row members (conv: output channel x output row) and a contiguous member of two to four
@@ -200,15 +226,20 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # On one thread, group conv (26 wide) ran 63 ms against 84 ms for 2 x 4 rows, conv2d (54 wide)
     # 45 ms against 53 ms for 6 x 1; split into 13- or 14-lane pieces under 4 x 4 rows instead,
     # the rows ran 1.3x-1.5x slower.
-    whole_contig = len(rows) == 2 and contig is not None and VECTOR < infos[contig].extent <= 4 * VECTOR
+    # (these are AVX-512's 16 of 24 accumulators; a target with fewer registers scales them down)
+    vectors = -(-infos[contig].extent // lanes) if contig is not None else 0
+    row_count = _pow2_floor(two_row_budget // vectors) if vectors else 0
+    whole_contig = len(rows) == 2 and lanes > 1 and 2 <= vectors and row_count >= 2 and \
+        vectors <= max(4, two_row_budget // 4)
     row_split: dict[int, int] = {}
     if whole_contig and contig is not None:
         first, second = sorted(rows)
-        two_vectors = infos[contig].extent <= 2 * VECTOR
-        if two_vectors and infos[first].extent >= 8:
-            row_split = {first: 8, second: 1}
+        if vectors == 2 and infos[first].extent >= row_count:
+            row_split = {first: row_count, second: 1}
+        elif vectors == 2:
+            row_split = {first: 2, second: row_count // 2}
         else:
-            row_split = {first: 2, second: 4} if two_vectors else {first: 4, second: 1}
+            row_split = {first: row_count, second: 1}
 
     def default_register(i: int) -> int:
         if not red:
@@ -218,17 +249,20 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             # operand vector loaded once per 6 fused multiply-adds (4 rows: 2.3x slower on matmul)
             if len(rows) == 1 and infos[i].extent >= ROW_REGISTER_ONE:
                 return ROW_REGISTER_ONE
-            want = row_split[i] if whole_contig else 4
+            # two row members, one vector each: 4 x (the two-row budget / 4) rows
+            want = row_split[i] if whole_contig else 4 if i == min(rows) else max(1, two_row_budget // 4)
             return want if infos[i].extent >= want else 1
         if i == contig:
             e = infos[i].extent
             if whole_contig:
                 return e
-            wide = VECTOR if len(rows) > 1 else 4 * VECTOR  # keep the tile within the 32 vector registers
-            exact = [d for d in range(wide, 7, -1) if e % d == 0]  # full tiles: constant trip counts
+            # keep the tile within the accumulator registers: one vector per row with two row
+            # members, the budget over ROW_REGISTER_ONE rows with one
+            wide = lanes if len(rows) > 1 else max(1, budget // ROW_REGISTER_ONE) * lanes
+            exact = [d for d in range(wide, lanes // 2 - 1, -1) if e % d == 0]  # full tiles: constant trip counts
             if exact and e < 4 * wide:
                 return exact[0]
-            return min(wide, 64 if e >= 64 else 32 if e >= 32 else 16 if e >= 16 else e if e >= 4 else 1)
+            return min(wide, _pow2_floor(e)) if e >= lanes else e if e >= 4 else 1
         return 1
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
@@ -241,6 +275,11 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     else:
         register = [1] * n
     return Plan(tile, order, register)
+
+
+def _pow2_floor(x: int) -> int:
+    """The largest power of two at most ``x`` (1 for ``x < 2``)."""
+    return 1 << (max(int(x), 1).bit_length() - 1)
 
 
 def _fit(values: tuple[int, ...], n: int, fill: int) -> list[int]:

@@ -22,7 +22,7 @@ from . import ast as A
 from . import deepstack, interp, knobs, layout, limits
 from . import dtypes as T
 from .checked import CheckedDef
-from .compiler import CKernel, GpuLowered, Lowered, lower, lower_gpu, strides_of
+from .compiler import CKernel, GpuLowered, Lowered, cpu_target, lower, lower_gpu, strides_of
 from .errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
@@ -166,10 +166,11 @@ class Kernel:
         inst = self._for_c(inst, options)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         strides = strides_of(inst, inputs)
-        key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options)
+        target = cpu_target()
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), tuple(sorted(strides.items())), options, target)
         ck = self._compiled.get(key)
         if ck is None:
-            ck = CKernel(lower(inst, options, strides))
+            ck = CKernel(lower(inst, options, strides, target))
             with self._lock:
                 self._compiled[key] = ck
                 self.compile_count += 1

@@ -26,6 +26,7 @@ from .errors import TcRuntimeError, TcScheduleError
 from .instance import Instance, fully_written
 from .options import MappingOptions
 from .polyhedral import astgen, gpu, schedule, transform
+from .polyhedral.cputarget import CpuTarget
 from .polyhedral.deps import Deps, dependences
 from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.loopir import LoopIR
@@ -72,20 +73,28 @@ def _isl_failures(inst: Instance, options: MappingOptions) -> Iterator[None]:
                               f"({str(e).split(' in /')[0]})", loc) from None
 
 
-def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
+def cpu_target() -> CpuTarget:
+    """The CPU target C kernels compile for now (``$TCDSL_CPU``, else the machine's own)."""
+    return toolchain.target()
+
+
+def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]],
+          target: CpuTarget | None = None) -> Lowered:
+    """Every stage for the C backend, for ``target`` (default: ``toolchain.target()``)."""
     with _isl_failures(inst, options):
-        return _lower(inst, options, strides)
+        return _lower(inst, options, strides, target or toolchain.target())
 
 
-def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]]) -> Lowered:
+def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]],
+           target: CpuTarget) -> Lowered:
     options = options.resolved(inst.checked)
     scop = build_scop(inst)
     deps = dependences(scop)
     tree = schedule.compute(scop, deps, options)
-    final = transform.transform(tree, scop, deps, options)
+    final = transform.transform(tree, scop, deps, options, target)
     ir = astgen.build(final, scop.context, deps.all, options)
-    src = cgen.emit(ir, scop, strides, vectorize=options.vectorize, vector_math=toolchain.has_vector_math(),
-                    unroll=options.unroll)
+    src = cgen.emit(ir, scop, strides, target, vectorize=options.vectorize,
+                    vector_math=toolchain.has_vector_math(), unroll=options.unroll)
     low = Lowered(scop, deps, tree, final, ir, src)
     _dump(low)
     return low

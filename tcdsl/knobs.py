@@ -28,6 +28,13 @@ def schedule_timeout() -> float:
     return float(os.environ.get("TCDSL_SCHEDULE_TIMEOUT", "10"))
 
 
+def cpu() -> str:
+    """TCDSL_CPU: the CPU target C kernels compile for: ``native`` (the default: what the compiler's
+    ``-march=native`` turns on), or a narrower one of ``avx512``, ``avx2``, ``sse2``, ``neon`` and
+    ``generic`` (see tcdsl.polyhedral.cputarget)."""
+    return os.environ.get("TCDSL_CPU", "native")
+
+
 def cache_dir() -> Path:
     """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``).
     tcdsl creates it 0700; one that is group- or world-writable, owned by another user or not

@@ -1,8 +1,10 @@
-"""Register tiles and loops in explicit AVX-512 vectors (codegen.vectile, codegen.vecloop): the
-kernels that take the vector form give the same bits as the scalar code, against numpy, with the
-tile starting at zero or loaded from the target, rows of whole vectors or ending in an
-overlapping vector, partial tiles on the scalar path beside whole ones, and the scalar fallback
-(a compiler without AVX-512, or -DTC_VEC16=0) still right."""
+"""Register tiles and loops in the target's explicit vectors (codegen.vectile, codegen.vecloop,
+codegen.vecisa), on every CPU target this machine runs (AVX-512, AVX2, SSE2, generic vector
+extensions; ``TCDSL_CPU``): the kernels that take the vector form give the same bits as the
+scalar code where the target has FMA (within the term-scaled bound where it has not), against
+numpy, with the tile starting at zero or loaded from the target, rows of whole vectors or ending
+in an overlapping vector, partial tiles on the scalar path beside whole ones, and the scalar
+fallback (-DTC_VEC=0) still right."""
 
 from __future__ import annotations
 
@@ -15,9 +17,29 @@ from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
 from tcdsl.codegen import toolchain
+from tcdsl.errors import TcArgumentError
 from tcdsl.options import MappingOptions
+from tcdsl.polyhedral import cputarget
 
 pytestmark = pytest.mark.cpu
+
+
+def _runnable(name: str) -> bool:
+    try:
+        cputarget.named(name, toolchain.native_target(tuple(toolchain.compiler())))
+        return True
+    except TcArgumentError:
+        return False
+
+
+TARGET_NAMES = [n for n in ("avx512", "avx2", "sse2", "generic", "neon") if _runnable(n)]
+
+
+@pytest.fixture(params=TARGET_NAMES)
+def target(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> cputarget.CpuTarget:
+    """Each CPU target this machine can run, selected through TCDSL_CPU."""
+    monkeypatch.setenv("TCDSL_CPU", request.param)
+    return toolchain.target()
 
 CONV = """def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
     O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
@@ -39,18 +61,18 @@ def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # (id, source, shapes, options, numpy reference, what the vector tile must show, (terms K, a function
 # that is each element's sum of |terms| when given |inputs|))
 CASES = [
-    ("conv-overlap", CONV, [(2, 8, 20, 20), (8, 8, 3, 3)], None, _conv, ("overlapping", "_mm512_setzero_ps"),
+    ("conv-overlap", CONV, [(2, 8, 20, 20), (8, 8, 3, 3)], None, _conv, ("tc_vf_zero()",),
      (72, _conv)),
-    ("matmul-whole", MATMUL, [(24, 40), (40, 48)], None, _mm, ("_mm512_setzero_ps",), (40, _mm)),
+    ("matmul-whole", MATMUL, [(24, 40), (40, 48)], None, _mm, ("tc_vf_zero()",), (40, _mm)),
     ("matmul-k-tiles", MATMUL, [(64, 256), (256, 64)], MappingOptions(tile=(4, 32, 8)), _mm,
-     ("_mm512_loadu_ps(&t2",), (256, _mm)),
+     ("tc_vf_load(&t2",), (256, _mm)),
     ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, _mm,
      ("if (tc_lmin(",), (64, _mm)),  # 6-row tiles of 100 rows: the last tile takes the scalar path
-    ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 80)], None, _mm,
-     ("if (tc_lmin(", "overlapping", "a 6x40 register tile"), (300, _mm)),
-    ("sum-of-difference", SUM, [(4, 20), (20, 40)], None,
+    ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 85)], None, _mm,
+     ("if (tc_lmin(",), (300, _mm)),
+    ("sum-of-difference", SUM, [(4, 20), (20, 44)], None,
      lambda a, b: a.sum(1, dtype=np.float64)[:, None] - 0.5 * b.sum(0, dtype=np.float64)[None, :],
-     ("overlapping", "_mm512_sub_ps", "_mm512_set1_ps(0x1"),
+     (" - ", "tc_vf_set1(0x1"),
      (20, lambda a, b: a.sum(1)[:, None] + 0.5 * b.sum(0)[None, :])),
 ]
 
@@ -66,17 +88,19 @@ def _run(case: tuple, cc: str | None = None, **extra: object) -> tuple[np.ndarra
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_vector_tile_matches_scalar_and_numpy(case: tuple) -> None:
+def test_vector_tile_matches_scalar_and_numpy(case: tuple, target: cputarget.CpuTarget) -> None:
     got, src, args = _run(case)
-    assert "#if TC_VEC16" in src, src
+    assert "#if TC_VEC" in src, src
+    assert f"explicit vectors for {target.isa}" in src
     for marker in case[5]:
         assert marker in src, marker
     scalar, scalar_src, _ = _run(case, vectorize=False)
-    assert "#if TC_VEC16" not in scalar_src
-    # the same multiply-adds in the same order per element: the same bits
-    np.testing.assert_array_equal(got, scalar)
+    assert "#if TC_VEC" not in scalar_src
+    if target.fma:  # the same fused multiply-adds in the same order per element: the same bits
+        np.testing.assert_array_equal(got, scalar)
     terms, sum_abs = case[6]
     assert_close(got, case[4](*args), terms=terms, scale=abs_terms(sum_abs, *args))
+    assert_close(scalar, case[4](*args), terms=terms, scale=abs_terms(sum_abs, *args))
     assert not np.array_equal(got, np.zeros_like(got))
 
 
@@ -91,27 +115,29 @@ def _built_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str, src:
     return out
 
 
-@pytest.mark.parametrize("flag", ["-mno-avx512f", "-DTC_VEC16=0"])
-def test_fallback_without_avx512(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str) -> None:
-    """Compiled for a CPU without AVX-512, or with the vector code turned off, the same source
-    runs its scalar tile, with the same bits."""
+def test_fallback_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With the vector code turned off (-DTC_VEC=0), the same source runs its scalar tile, with the
+    same bits."""
     case = CASES[0]
     got, src, args = _run(case)
-    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, flag, case[1], args), got)
+    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC=0", case[1], args), got)
 
 
-def test_conv_tile_shape() -> None:
-    """conv2d at the benchmark's row width: 4 output channels x 54 columns, 16 accumulators, each
-    input vector loaded once per step and kept in a register."""
+def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
+    """conv2d at the benchmark's row width: the register tile fits the target's accumulators, and
+    each input vector is loaded once per step and kept in a register."""
     k = tc.define(CONV)
     rng = np.random.default_rng(1)
     I = rng.random((2, 8, 56, 56), dtype=np.float32)
     W = rng.random((8, 8, 3, 3), dtype=np.float32)
     src = k.source(I, W)
-    assert "a 4x54 register tile of O" in src, src
-    assert src.count("_mm512_fmadd_ps") == 16
-    assert src.count("_mm512_loadu_ps(&t0") == 4  # columns 0, 16, 32 and 38
-    assert '"+v"' in src
+    fmas = src.count("= tc_vf_fma(")
+    assert 0 < fmas <= target.accumulators, src
+    if target.isa == "avx512":
+        assert "a 4x54 register tile of O" in src, src
+        assert fmas == 16 and src.count("tc_vf_load(&t0") == 4  # columns 0, 16, 32 and 38
+        assert "in 4 vectors of 16 per row (the last overlapping the one before)" in src
+    assert "tc_keep(v" in src
     assert_sum_close(k(I, W), _conv, I, W, terms=72)
 
 
@@ -130,17 +156,17 @@ SCALE = """def scale(float(N,D) X, float(N) M, float(N) S) -> (Y) {
 @pytest.mark.parametrize("D", [1024, 1000])
 def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D: int) -> None:
     """softmax's exp and division loops in explicit vectors (exp inlined): the bits of the
-    auto-vectorised loops (-DTC_VEC16=0), close to numpy, with rows of whole vectors or not."""
+    auto-vectorised loops (-DTC_VEC=0), close to numpy, with rows of whole vectors or not."""
     X = (np.random.default_rng(2).random((16, D), dtype=np.float32) - 0.5) * 20
     k = tc.define(SOFTMAX)
     src = k.source(X)
-    assert "_mm512_div_ps(_mm512_loadu_ps(&r" in src, src  # e / s, e in a row buffer
+    assert "(tc_vf_load(&r" in src and " / " in src, src  # e / s, e in a row buffer
     if D == 1024:  # 4 tiles of 256: exp and sum in loops of their own
-        assert "tc_exp16(_mm512_sub_ps(" in src, src
+        assert "tc_vf_exp((" in src, src
     else:  # exp fused with the sum (not a simd loop); the division's rows end in an overlapping vector
         assert "overlapping the vector before" in src, src
     got = k(X)
-    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC16=0", SOFTMAX, [X]), got)
+    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC=0", SOFTMAX, [X]), got)
     e = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
     want = e / e.sum(1, keepdims=True)
     # all terms positive: within D roundings of the sum and ~20 of exp's argument, relative to each element
@@ -158,8 +184,8 @@ def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     S = rng.random(8, dtype=np.float32) + 1
     k = tc.define(SCALE)
     src = k.source(X, M, S)
-    stores = [line for line in src.split("\n") if "_mm512_storeu_ps" in line]
-    assert len(stores) == (2 if D % 16 == 0 else 0), src
+    stores = [line for line in src.split("\n") if "tc_vf_store(&" in line]
+    assert len(stores) == (2 if D % toolchain.target().lanes("float32") == 0 else 0), src
     want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
     # a handful of roundings, relative to |X| + |M| where X - M cancels (all inputs are positive)
     assert_close(k(X, M, S), want, terms=4, scale=((X + M[:, None]) * 0.5 / S[:, None]) * X)

@@ -1,0 +1,114 @@
+"""CPU targets: ``CpuTarget``, the machine a C kernel is compiled for, as the tiling, register-tile
+and vector passes read it (next to ``GpuTarget`` for the GPU mapping).
+
+A target names its vector ISA, the bytes of one vector register (so the lanes of each dtype), how
+many vector registers the code may keep live, whether it has fused multiply-add, its cache sizes
+and its cores. ``from_features`` builds one from the compiler's view of ``-march=native`` (GCC's
+``-Q --help=target``) or the kernel's CPU flags; ``named`` gives the presets that ``$TCDSL_CPU``
+selects (``avx512``, ``avx2``, ``sse2``, ``neon``, ``generic``), each with the compiler flags that
+narrow a wider machine to it. Its ``key`` enters every cache key, kernels and tuning alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tcdsl.errors import TcArgumentError
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    isa: str  # "avx512", "avx2", "sse2", "neon" or "generic"
+    arch: str  # the machine: "x86_64", "aarch64", ...
+    vector_bytes: int  # bytes of one vector register
+    vector_registers: int  # architectural vector registers
+    fma: bool  # fused multiply-add in vectors
+    l1d: int = 32 * 1024  # bytes of level-1 data cache per core
+    l2: int = 512 * 1024  # bytes of level-2 cache per core
+    l3: int = 8 * 1024 * 1024  # bytes of the last-level cache
+    cores: int = 1  # cores this process may run on
+    flags: tuple[str, ...] = ()  # compiler flags, after -march=native, that select this target
+
+    def lanes(self, dtype: str) -> int:
+        """Elements of ``dtype`` in one vector register (1 when the dtype has no vector form)."""
+        size = np.dtype("float32" if dtype == "float16" else dtype).itemsize if dtype != "bool" else 1
+        return max(1, self.vector_bytes // size)
+
+    @property
+    def accumulators(self) -> int:
+        """Vector registers a register tile may keep as accumulators: the others hold the
+        inputs of one step (a quarter of the file, at least four) and the broadcasts."""
+        return self.vector_registers - max(4, self.vector_registers // 4)
+
+    @property
+    def key(self) -> str:
+        """What compiled code depends on (the caches are the tiling's inputs; the core count is not:
+        a kernel asks OpenMP at run time)."""
+        return (f"{self.isa}/{self.arch}/v{self.vector_bytes}x{self.vector_registers}/fma{int(self.fma)}"
+                f"/l1d{self.l1d}/l2{self.l2}/l3{self.l3}/{' '.join(self.flags)}")
+
+    def __str__(self) -> str:
+        return (f"{self.isa} on {self.arch}: {self.vector_bytes * 8}-bit vectors ({self.lanes('float32')} float32 "
+                f"lanes, {self.lanes('float64')} float64), {self.vector_registers} vector registers, "
+                f"{'FMA' if self.fma else 'no FMA'}, L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB, "
+                f"L3 {self.l3 // 1024} KiB, {self.cores} core(s)")
+
+
+# vector ISA -> (vector bytes, vector registers, FMA); x86 narrows with the flags of NARROW
+_ISAS: dict[str, tuple[int, int, bool]] = {
+    "avx512": (64, 32, True),
+    "avx2": (32, 16, True),
+    "sse2": (16, 16, False),
+    "neon": (16, 32, True),
+    "generic": (16, 16, False),
+}
+_X86_RANK = ("sse2", "avx2", "avx512")
+NARROW = {"avx2": ("-mno-avx512f",), "sse2": ("-mno-avx",), "generic": ("-mno-avx",)}
+
+
+def from_features(features: set[str], arch: str, cores: int = 1, caches: dict[str, int] | None = None) -> CpuTarget:
+    """The widest ISA that ``features`` (GCC option names such as ``-mavx512f``, or kernel CPU flags
+    such as ``avx512f``) turn on, on ``arch``."""
+    have = {f.removeprefix("-m") for f in features}
+    if arch in ("x86_64", "AMD64", "i686"):
+        if "avx512f" in have:
+            isa = "avx512"
+        elif "avx2" in have and "fma" in have:
+            isa = "avx2"
+        else:
+            isa = "sse2"
+    elif arch in ("aarch64", "arm64"):
+        isa = "neon"
+    else:
+        isa = "generic"
+    size, regs, fma = _ISAS[isa]
+    return CpuTarget(isa, arch, size, regs, fma, cores=cores, **(caches or {}))
+
+
+def named(name: str, native: CpuTarget) -> CpuTarget:
+    """The target ``$TCDSL_CPU`` names (``native``: the machine's own), with the machine's caches
+    and cores. A target narrower than the machine compiles with flags that turn the wider ISA off;
+    one the machine cannot run is an error, since its kernels would stop the process."""
+    name = name.strip().lower()
+    if name in ("", "native"):
+        return native
+    if name not in _ISAS:
+        raise TcArgumentError(f"TCDSL_CPU={name!r} names no CPU target; use one of native, "
+                              f"{', '.join(_ISAS)}")
+    if name == native.isa:
+        return native
+    x86 = native.isa in _X86_RANK
+    runs = (x86 and name in _X86_RANK and _X86_RANK.index(name) <= _X86_RANK.index(native.isa)) or name == "generic"
+    if not runs:
+        raise TcArgumentError(f"TCDSL_CPU={name!r}: this machine's CPU ({native.isa} on {native.arch}) cannot run "
+                              f"{name} code; narrower targets only")
+    size, regs, fma = _ISAS[name]
+    flags = NARROW.get(name, ()) if x86 else ()
+    if name == "generic" and not x86:
+        size, regs, fma = native.vector_bytes, native.vector_registers, native.fma
+    return replace(native, isa=name, vector_bytes=size, vector_registers=regs, fma=fma, flags=flags)
+
+
+GENERIC = CpuTarget("generic", "any", *_ISAS["generic"])  # what code printed without a machine assumes

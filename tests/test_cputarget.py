@@ -1,0 +1,134 @@
+"""CPU targets (tcdsl.polyhedral.cputarget): detection from the compiler's or the kernel's view of
+the CPU, the presets ``$TCDSL_CPU`` selects, the target in the kernel cache key, the tiling plan
+reading it, and compiled kernels under random mapping options on every vector width this machine
+runs (AVX-512 and AVX2 on an AVX-512 machine) agreeing with the reference interpreter.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcdsl as tc
+from tcdsl.codegen import toolchain
+from tcdsl.errors import TcArgumentError
+from tcdsl.instance import bind_sizes
+from tcdsl.options import MappingOptions
+from tcdsl.polyhedral import cputarget
+from tcdsl.polyhedral.transform import MemberInfo, plan
+from tcdsl.tuner import space as S
+
+try:
+    from defs import DEFS, assert_matches, make_inputs
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from defs import DEFS, assert_matches, make_inputs
+
+X86 = {"x86_64"}
+
+
+@pytest.mark.parametrize("features, arch, isa, lanes32, regs", [
+    ({"-march=znver4", "-mavx512f", "-mavx2", "-mfma"}, "x86_64", "avx512", 16, 32),
+    ({"-march=znver3", "-mavx2", "-mfma"}, "x86_64", "avx2", 8, 16),
+    ({"avx2", "fma", "sse2"}, "x86_64", "avx2", 8, 16),  # the kernel's CPU flags
+    ({"avx2", "sse2"}, "x86_64", "sse2", 4, 16),  # AVX2 without FMA: no fused vectors
+    ({"-march=x86-64"}, "x86_64", "sse2", 4, 16),
+    ({"asimd", "fp"}, "aarch64", "neon", 4, 32),
+    ({"-march=rv64gc"}, "riscv64", "generic", 4, 16),
+])
+def test_detection(features: set[str], arch: str, isa: str, lanes32: int, regs: int) -> None:
+    t = cputarget.from_features(features, arch, cores=3, caches={"l1d": 48 * 1024, "l2": 2 << 20})
+    assert (t.isa, t.lanes("float32"), t.vector_registers) == (isa, lanes32, regs)
+    assert t.lanes("float64") == lanes32 // 2 and t.lanes("int8") == lanes32 * 4
+    assert t.l1d == 48 * 1024 and t.l2 == 2 << 20 and t.cores == 3
+    assert 0 < t.accumulators < t.vector_registers
+    assert isa in str(t) and t.key.startswith(isa)
+
+
+def test_presets_narrow_only() -> None:
+    native = cputarget.from_features({"-mavx512f"}, "x86_64")
+    avx2 = cputarget.named("avx2", native)
+    assert (avx2.isa, avx2.vector_bytes, avx2.vector_registers, avx2.flags) == ("avx2", 32, 16, ("-mno-avx512f",))
+    assert cputarget.named("native", native) is native and cputarget.named("AVX512", native) == native
+    assert cputarget.named("sse2", native).flags == ("-mno-avx",)
+    assert len({native.key, avx2.key, cputarget.named("sse2", native).key}) == 3
+    with pytest.raises(TcArgumentError, match="cannot run avx512"):
+        cputarget.named("avx512", cputarget.from_features({"-mavx2", "-mfma"}, "x86_64"))
+    with pytest.raises(TcArgumentError, match="cannot run neon"):
+        cputarget.named("neon", native)
+    with pytest.raises(TcArgumentError, match="names no CPU target"):
+        cputarget.named("pentium", native)
+    arm = cputarget.from_features(set(), "aarch64")
+    assert cputarget.named("generic", arm).vector_bytes == 16 and cputarget.named("generic", arm).flags == ()
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "sse2", "neon", "generic"])
+def test_register_tiles_fit_the_target(isa: str) -> None:
+    """matmul's default register tile holds at most the target's accumulators, one vector per
+    lane group; the cache tiles follow the caches."""
+    t = cputarget.named(isa, cputarget.from_features({"-mavx512f"} if isa != "neon" else set(),
+                                                     "x86_64" if isa != "neon" else "aarch64"))
+    infos = [MemberInfo(0, 1, 1, 960), MemberInfo(1, 1, 0, 1088), MemberInfo(0, 1, 1, 1000)]
+    for itemsize in (4, 8):
+        p = plan(infos, [True, True, False], MappingOptions(), t, itemsize)
+        rows, cols = p.register[0], p.register[1]
+        lanes = t.vector_bytes // itemsize
+        assert rows == 6 and cols % lanes == 0
+        assert rows * cols // lanes <= t.accumulators
+    small = cputarget.CpuTarget("avx2", "x86_64", 32, 16, True, l1d=16 * 1024, l2=256 * 1024)
+    big = cputarget.CpuTarget("avx2", "x86_64", 32, 16, True, l1d=64 * 1024, l2=2 << 20)
+    assert plan(infos, [True, True, False], MappingOptions(), small).tile < \
+        plan(infos, [True, True, False], MappingOptions(), big).tile
+
+
+@pytest.mark.cpu
+def test_the_target_is_in_the_kernel_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    if toolchain.native_target(tuple(toolchain.compiler())).isa != "avx512":
+        pytest.skip("needs an AVX-512 machine to narrow")
+    keys = set()
+    for name in ("native", "avx2", "sse2"):
+        monkeypatch.setenv("TCDSL_CPU", name)
+        keys.add(toolchain.library_key("int f(void) { return 0; }", "k"))
+    assert len(keys) == 3
+
+
+def _runnable() -> list[str]:
+    out = []
+    for name in ("native", "avx2"):
+        try:
+            cputarget.named(name, toolchain.native_target(tuple(toolchain.compiler())))
+            out.append(name)
+        except TcArgumentError:
+            pass
+    return out
+
+
+PICKED = ["matmul", "matmul_tn", "batch_matmul", "gemm_alpha_beta", "conv2d_valid", "conv2d_strided",
+          "maxpool_2x2_s2", "softmax", "layernorm", "reduce_rows", "transposes", "conv1d_padded_sum_prod_max",
+          "contraction_odd_views", "let_in_reduction"]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("cpu", _runnable())
+@pytest.mark.parametrize("name", PICKED)
+def test_random_options_on_every_vector_width(name: str, cpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A corpus def under its default options and three options drawn from the tuner's space
+    (seeded), compiled for this vector width, against numpy and the reference interpreter."""
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    case = next(c for c in DEFS if c.name == name)
+    k = tc.define(case.source)
+    args = make_inputs(case.inputs)
+    arrays = [np.asarray(a) for a in args]
+    space = S.space_for(k.checked, bind_sizes(k.checked, [a.shape for a in arrays]))
+    rng = random.Random(f"{name}-{cpu}")
+    drawn = [S.to_options(space, space.random(rng)) for _ in range(3)]
+    want = case.reference(*args)
+    ref = k(*args, backend="numpy")
+    for options in (MappingOptions(), *drawn):
+        got = k(*args, backend="c", options=options)
+        assert_matches(got, want, case.tol, f"{name} on {cpu} under {options}")
+        assert_matches(got, ref, case.tol, f"{name} on {cpu} under {options} (interpreter)")
