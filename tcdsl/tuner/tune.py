@@ -33,7 +33,7 @@ from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
 
 DECISION_SHARE = 0.25  # at most this share of a budget is held back for the final rounds against the defaults
 DECISION_ROUNDS = 40  # the final rounds a budget holds time back for (the first two looks)
-DECISION_SETUP_S = 1.0  # and this, for a timing process to restart and load both kernels
+DECISION_SETUP_S = 2.0  # and this, for a timing process to restart (one that timed out is replaced) and load
 
 
 @dataclass
