@@ -84,12 +84,15 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         starts += (extent - lanes,)
     if rows * len(starts) > em.target.accumulators:
         return None
-    partial = [(f, e) for f, e in zip(rt.inner, rt.extents) if trip_count(f) is None]
-    if not all(isinstance(f.cond, LOp) and f.cond.op in ("<", "<=") and len(f.cond.args) == 2 for f, _ in partial):
-        return None
-    full = tuple(f"{unparen(em._lexpr(f.cond.args[1]))} >= {_init(f) + e - (1 if f.cond.op == '<=' else 0)}"
-                 for f, e in partial)
-    return VectorTile(rt, s, row, starts, lanes, full)
+    full = []
+    for f, e in zip(rt.inner, rt.extents):
+        if trip_count(f) is not None:
+            continue
+        cond = f.cond
+        if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2):
+            return None
+        full.append(f"{unparen(em._lexpr(cond.args[1]))} >= {_init(f) + e - (1 if cond.op == '<=' else 0)}")
+    return VectorTile(rt, s, row, starts, lanes, tuple(full))
 
 
 def plus_var(e: LExpr, var: str) -> bool:

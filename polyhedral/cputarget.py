@@ -84,7 +84,9 @@ def from_features(features: set[str], arch: str, cores: int = 1, caches: dict[st
     else:
         isa = "generic"
     size, regs, fma = _ISAS[isa]
-    return CpuTarget(isa, arch, size, regs, fma, cores=cores, **(caches or {}))
+    found = caches or {}
+    return CpuTarget(isa, arch, size, regs, fma, l1d=found.get("l1d", 32 * 1024), l2=found.get("l2", 512 * 1024),
+                     l3=found.get("l3", 8 * 1024 * 1024), cores=cores)
 
 
 def named(name: str, native: CpuTarget) -> CpuTarget:

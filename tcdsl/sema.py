@@ -47,6 +47,24 @@ _LEVEL = {"+": frozenset("+-"), "-": frozenset("+-"), "*": frozenset("*"), "&&":
           "||": frozenset(("||",))}
 
 
+def _subscript_names(s: A.Stmt, tensors: set[str]) -> set[str]:
+    """The bare names in ``s``'s tensor subscripts (an index may be named like a builtin: ``j0``)."""
+    out: set[str] = set()
+    todo: list[tuple[object, bool]] = [(s.rhs, False), *((w, False) for w in s.wheres)]
+    while todo:
+        node, inside = todo.pop()
+        if isinstance(node, A.Name):
+            if inside:
+                out.add(node.name)
+            continue
+        sub = inside or (isinstance(node, A.Apply) and node.name in tensors)
+        for value in getattr(node, "__dict__", {}).values():
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, (A.Expr, A.WhereExists, A.WhereLet, A.WhereRange)):
+                    todo.append((v, sub))
+    return out
+
+
 def _err(cls, msg: str, span: A.Span):
     return cls(msg, span.location())
 
@@ -186,8 +204,9 @@ class _DefChecker:
             raise _err(TcSemanticError, f"'{name}' is an input of {self.what_def} and cannot be written", s.lhs.span)
         if name in self.sizes:
             raise _err(TcSemanticError, f"'{name}' is a size symbol and cannot be written", s.lhs.span)
-        lhs = [i.name for i in s.indices or ()]
-        for k, ident in enumerate(s.indices or ()):
+        idents = [i for i in s.indices or () if isinstance(i, A.Ident)]  # constants are indices by now
+        lhs = [i.name for i in idents]
+        for k, ident in enumerate(idents):
             if ident.name in lhs[:k]:
                 raise _err(TcSemanticError, f"index '{ident.name}' appears twice on the left of {what}", ident.span)
             if ident.name in self.sizes or ident.name in self.shaped or ident.name in self.declared_outputs:
@@ -220,9 +239,9 @@ class _DefChecker:
             else:
                 exists.append(w)
         scope = _Scope(s, lets)
-        for ident in s.indices or ():
+        for ident in idents:
             scope.use_index(ident.name, ident.span)
-        for ident in s.indices or ():
+        for ident in idents:
             if ident.name in lets:
                 raise _err(TcSemanticError, f"'{ident.name}' is both an index and a where-let", ident.span)
         rhs = self._expr(s.rhs, scope)
@@ -564,7 +583,8 @@ class _DefChecker:
             self._raise_bare(n, t, e.span)
         if n in self.sizes:
             return SizeVal(T.INDEX, n)
-        if n in BUILTINS or n in T.TYPE_NAMES:
+        if (n in BUILTINS or n in T.TYPE_NAMES) and n not in scope.index_spans and \
+                n not in _subscript_names(scope.stmt, set(self.shaped) | set(self.declared_outputs)):
             raise _err(TcSemanticError, f"'{n}' is a function; call it with arguments", e.span)
         scope.use_index(n, e.span)
         return IndexVal(T.INDEX, n)

@@ -310,3 +310,16 @@ def test_accumulate_through_torch() -> None:
 
     assert step(a, o).tolist() == [10.0, 10.0, 10.0]
     assert o.tolist() == [10.0, 10.0, 10.0]
+
+
+def test_indices_named_like_builtins() -> None:
+    """``j0``, ``y1``, ... are builtins and ordinary index names too, in either order of use."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for src in ("def f(float(N, M) A) -> (B) { B(i) +=! A(i, j0) * j0 }",
+                "def f(float(N, M) A) -> (B) { B(i) +=! j0 * A(i, j0) }",
+                "def f(float(N, M) A) -> (B) { B(y1, j1) = A(y1, j1) + y1 }"):
+        k = tc.define(src)
+        want = (a * np.arange(3)).sum(1) if "+=!" in src else a + np.arange(2)[:, None]
+        np.testing.assert_array_equal(k(a), want)
+    with pytest.raises(TcSemanticError, match="'j0' is a function"):
+        tc.define("def f(float(N) A) -> (B) { B(i) = A(i) * j0 }")
