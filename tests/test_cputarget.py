@@ -96,6 +96,21 @@ def test_the_target_is_in_the_kernel_cache_key(monkeypatch: pytest.MonkeyPatch) 
     assert len(keys) == 3
 
 
+@pytest.mark.cpu
+def test_the_target_is_in_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tcdsl.tuner.tune import key_for
+
+    if toolchain.native_target(tuple(toolchain.compiler())).isa != "avx512":
+        pytest.skip("needs an AVX-512 machine to narrow")
+    k = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }")
+    arrays = [np.ones((4, 4), np.float32)] * 2
+    keys = []
+    for name in ("native", "avx2"):
+        monkeypatch.setenv("TCDSL_CPU", name)
+        keys.append(key_for(k, arrays))
+    assert keys[0].arch != keys[1].arch and "avx2/" in keys[1].arch and "avx512/" in keys[0].arch
+
+
 def _runnable() -> list[str]:
     out = []
     for name in ("native", "avx2"):

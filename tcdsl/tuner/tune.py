@@ -96,10 +96,18 @@ def _diff(options: MappingOptions) -> list[str]:
     return [f"  {k}: {base[k]!r} -> {other[k]!r}" for k in sorted(other) if other[k] != base[k]]
 
 
-@functools.cache
 def machine() -> tuple[str, str]:
-    """(device name, architecture) of this CPU, for the tuning cache's key: the model name and the
-    vector extensions from /proc/cpuinfo where it exists."""
+    """(device name, architecture) of this CPU, for the tuning cache's key: the model name, and the
+    CPU target kernels compile for (``CpuTarget.key``: ISA, vector width, registers, caches;
+    ``$TCDSL_CPU`` narrows it)."""
+    from tcdsl.codegen import toolchain
+
+    return _model_name(), f"{platform.machine()} {toolchain.target().key}"
+
+
+@functools.cache
+def _model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo where it exists."""
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -108,10 +116,7 @@ def machine() -> tuple[str, str]:
                 info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    name = info.get("model name") or platform.processor() or platform.machine()
-    have = set(info.get("flags", "").split())
-    flags = "".join(f"-{x}" for x in ("avx2", "avx512f", "fma") if x in have)
-    return name, platform.machine() + flags
+    return info.get("model name") or platform.processor() or platform.machine()
 
 
 def device_for(backend: str) -> tuple[str, str, str]:
