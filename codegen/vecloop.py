@@ -3,11 +3,13 @@ target's explicit vectors (codegen.vecisa).
 
 An innermost ``omp simd`` loop of float32 or float64 ``=`` statements of one type, with a constant trip count of at
 least one vector, whose target and reads run along the loop contiguously (or not at all: a
-broadcast), and whose value is built from ``+ - * /`` and ``exp``: softmax's
-``e(n, d) = exp(X(n, d) - mx(n))``. Auto-vectorised, each vector of such a loop calls the
-out-of-line vector ``exp``, and every call clobbers every vector register; written out, ``exp``
-is inlined and its constants stay in registers (softmax 1.12 -> 0.95 ms on 2 threads). The
-arithmetic is the scalar loop's, lane by lane, so both give the same bits.
+broadcast), and whose value is built from ``+ - * /``, negation and the float32 builtins ``exp``,
+``tanh``, ``log`` and ``sigmoid``: softmax's ``e(n, d) = exp(X(n, d) - mx(n))``. Auto-vectorised,
+each vector of such a loop calls the out-of-line vector ``exp``, and every call clobbers every
+vector register; written out, ``exp`` is inlined and its constants stay in registers (softmax
+1.12 -> 0.95 ms on 2 threads). The arithmetic is the scalar loop's, lane by lane: with ``+ - * /``
+and ``exp`` both give the same bits; ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp,
+where libm's are within 4), so they may differ from the scalar loop's in the last bits.
 
 A trip count that is not a whole number of vectors ends with a vector overlapping the one before
 it, which recomputes and rewrites the same values; where a statement of the loop reads what one

@@ -1,9 +1,11 @@
 """Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in the
 target's explicit vectors (codegen.vecisa: AVX-512, AVX2, SSE2, NEON or generic vector extensions).
 
-A float32 or float64 sum register tile (see regtile) whose innermost tile loop has a constant trip
-count of at least one vector and runs along a contiguous row of the target is written with one
-vector accumulator per vector of each row. Each input vector of one step of the serial loops is
+A float32 or float64 register tile (see regtile) of a ``+``, ``max`` or ``min`` reduction whose
+innermost tile loop has a constant trip count of at least one vector and runs along a contiguous
+row of the target is written with one vector accumulator per vector of each row. ``max`` and
+``min`` are the vector layer's, with the scalar ``tc_max``/``tc_min``'s bits (NaN-propagating; a
+tie takes the new value), and start from -inf/+inf where the tile runs the whole reduction. Each input vector of one step of the serial loops is
 loaded once into a register and used by every row of the tile, and a value that does not move
 along the row is broadcast once. Auto-vectorised, the same tile has GCC fold each load into
 every multiply-add that uses it again (one load per FMA, most of them across a cache line):
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tcdsl.affine import Sym, Var
-from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr
+from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .regtile import RegisterTile
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 VECTOR_DTYPES = ("float32", "float64")
 OPS = {"+": "+", "-": "-", "*": "*"}
 LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
+REDUCTIONS = ("+", "max", "min")
+LOOP_CALLS = ("exp", "tanh", "log", "sigmoid")  # float32 builtins with a vector form (codegen.vecisa)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
     dtype = em.tensors[s.tensor].dtype
-    if not em.vectorize or s.op != "+" or dtype not in VECTOR_DTYPES:
+    if not em.vectorize or s.op not in REDUCTIONS or dtype not in VECTOR_DTYPES:
         return None
     lanes = em.target.lanes(dtype)
     if s.tensor in em.scalars or s.tensor in em.rows or s.tensor in em.contracted:
@@ -118,8 +122,11 @@ def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = Fal
     if isinstance(e, Binop):
         return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop)
                 and vector_expr(em, e.rhs, s, row, loop))
+    if isinstance(e, Unop):
+        return e.op == "-" and vector_expr(em, e.arg, s, row, loop)
     if isinstance(e, Call):
-        return loop and e.fn == "exp" and e.dtype == "float32" and vector_expr(em, e.args[0], s, row, loop)
+        return (loop and e.fn in LOOP_CALLS and e.dtype == "float32"
+                and vector_expr(em, e.args[0], s, row, loop))
     if isinstance(e, Read):
         if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
             return True
@@ -160,8 +167,13 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         return f"{v}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
         return f"({vexpr(em, e.lhs, env, s, row, loads)} {LOOP_OPS[e.op]} {vexpr(em, e.rhs, env, s, row, loads)})"
+    if isinstance(e, Unop):
+        return f"(-{vexpr(em, e.arg, env, s, row, loads)})"
     if isinstance(e, Call):
-        return f"tc_vf_exp({vexpr(em, e.args[0], env, s, row, loads)})"
+        arg = vexpr(em, e.args[0], env, s, row, loads)
+        if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))
+            return f"(tc_vf_set1(1.0f) / (tc_vf_set1(1.0f) + tc_vf_exp(-{arg})))"
+        return f"tc_vf_{e.fn}({arg})"
     assert isinstance(e, Read)
     at = em._read(e, env, s)
     along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
@@ -199,8 +211,9 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     v = vector_type(s.rhs.dtype)
     overlap = " (the last overlapping the one before)" if vt.starts[-1] % vt.lanes else ""
     w.line(f"// in {len(vt.starts)} vectors of {vt.lanes} per row{overlap}")
+    identity = {"+": f"{v}_zero()", "max": f"{v}_set1(-INFINITY)", "min": f"{v}_set1(INFINITY)"}[s.op]
     for key in tiles:
-        value = f"{v}_zero()" if identity_start else f"{v}_load(&{target(*key)})"
+        value = identity if identity_start else f"{v}_load(&{target(*key)})"
         w.line(f"{v} {acc[key]} = {value};")
     for loop in rt.serial:
         w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {unparen(em._lexpr(loop.cond))}; "
@@ -210,7 +223,9 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     updates = []
     for key in tiles:
         env = env_at(*key)
-        if isinstance(s.rhs, Binop) and s.rhs.op == "*":
+        if s.op in ("max", "min"):  # as the scalar tc_max/tc_min: NaN-propagating, ties to the new value
+            updates.append(f"{acc[key]} = {v}_{s.op}({acc[key]}, {vexpr(em, s.rhs, env, s, vt.row, loads)});")
+        elif isinstance(s.rhs, Binop) and s.rhs.op == "*":
             a = vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
             b = vexpr(em, s.rhs.rhs, env, s, vt.row, loads)
             updates.append(f"{acc[key]} = {v}_fma({a}, {b}, {acc[key]});")

@@ -1,7 +1,8 @@
 """The vector layer (codegen.vecisa) on every CPU target this machine runs: loads, stores,
-broadcasts and fused multiply-adds lane by lane, and the vector float32 ``exp`` within its stated
-bound (2 ulp against exp in float64) over its whole range, subnormal results, overflow to inf,
-underflow to 0 and NaN included.
+broadcasts and fused multiply-adds lane by lane; the vector float32 ``exp``, ``tanh`` and ``log``
+within their stated bounds (2, 2 and 1 ulp against float64) over their whole range, subnormals,
+signed zeros, infinities, NaN and log's negatives included; and ``max``/``min`` of float32 and
+float64 with the bits of the scalar ``tc_max``/``tc_min`` (NaN from either side, -0.0/+0.0 ties).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from tcdsl.polyhedral import cputarget
 
 pytestmark = pytest.mark.cpu
 EXP_ULPS = 2
+TANH_ULPS = 2
+LOG_ULPS = 1
 
 HARNESS = r"""#include <math.h>
 #include <string.h>
@@ -34,6 +37,30 @@ int vec_check(const float *x, float *out, const float *a, const float *b, const 
   return (int)lanes;
 #else
   return 0;
+#endif
+}
+/* out_tanh[i] = tanh(x[i]), out_log[i] = log(x[i]) (n a multiple of the float32 lanes) */
+void vecisa_math(const float *x, float *out_tanh, float *out_log, long n) {
+#if TC_VEC
+  for (long i = 0; i < n; i += (long)(sizeof(tc_vf) / sizeof(float))) {
+    tc_vf v = tc_vf_load(&x[i]);
+    tc_vf_store(&out_tanh[i], tc_vf_tanh(v));
+    tc_vf_store(&out_log[i], tc_vf_log(v));
+  }
+#endif
+}
+/* max and min of a and b, float32 and float64 (n a multiple of the float32 lanes) */
+void vecisa_min_max(const float *a, const float *b, float *mx, float *mn, const double *ad, const double *bd,
+                 double *mxd, double *mnd, long n) {
+#if TC_VEC
+  for (long i = 0; i < n; i += (long)(sizeof(tc_vf) / sizeof(float))) {
+    tc_vf_store(&mx[i], tc_vf_max(tc_vf_load(&a[i]), tc_vf_load(&b[i])));
+    tc_vf_store(&mn[i], tc_vf_min(tc_vf_load(&a[i]), tc_vf_load(&b[i])));
+  }
+  for (long i = 0; i < n; i += (long)(sizeof(tc_vd) / sizeof(double))) {
+    tc_vd_store(&mxd[i], tc_vd_max(tc_vd_load(&ad[i]), tc_vd_load(&bd[i])));
+    tc_vd_store(&mnd[i], tc_vd_min(tc_vd_load(&ad[i]), tc_vd_load(&bd[i])));
+  }
 #endif
 }
 """
@@ -57,11 +84,17 @@ def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.abs(got.astype(np.float64) - want) / spacing
 
 
-@pytest.mark.parametrize("name", _targets())
-def test_vector_exp_and_fma(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _library(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[ctypes.CDLL, str, cputarget.CpuTarget]:
+    """The harness built for target ``name`` (the vector layer compiled in), and vec_check's symbol."""
     monkeypatch.setenv("TCDSL_CPU", name)
     target = toolchain.target()
     lib, symbol, _ = toolchain.kernel_library(HARNESS % vecisa.prelude(target), f"vecisa_{name}", "vec_check")
+    return lib, symbol, target
+
+
+@pytest.mark.parametrize("name", _targets())
+def test_vector_exp_and_fma(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib, symbol, target = _library(name, monkeypatch)
     fn = getattr(lib, symbol)
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long]
@@ -88,3 +121,73 @@ def test_vector_exp_and_fma(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     else:  # a multiply and an add: two roundings
         assert np.all(np.abs(fma - exact) <= 2 * np.spacing(np.abs(exact).astype(np.float32)) + 2 * np.spacing(
             np.abs(a * b).astype(np.float32)))
+
+
+def _special_grid(rng: np.random.Generator) -> np.ndarray:
+    """float32 values over the whole range: random bit patterns (every exponent, subnormals, NaNs),
+    a dense stretch around tanh's switch at 0.625 and log's at sqrt(1/2), and the special values."""
+    tiny = float(np.finfo(np.float32).tiny)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    rest = np.concatenate([np.linspace(-12, 12, 100_001), np.linspace(0.55, 0.75, 40_001),
+                           rng.uniform(0.5, 2, 50_000), np.exp(rng.uniform(-103, 88, 50_000)),
+                           [0.0, -0.0, 1e-30, -1e-30, 1e-45, -1e-45, tiny, -tiny, tiny / 2, -tiny / 2, 1.0, -1.0,
+                            0.625, -0.625, 9.0, -9.0, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan]])
+    return np.concatenate([bits, rest.astype(np.float32)])
+
+
+def _padded(x: np.ndarray, lanes: int = 64) -> np.ndarray:
+    out = np.zeros(-(-x.size // lanes) * lanes, x.dtype)
+    out[:x.size] = x
+    return out
+
+
+@pytest.mark.parametrize("name", _targets())
+def test_vector_tanh_and_log(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tanh within TANH_ULPS and log within LOG_ULPS of float64 numpy; the special values exactly:
+    tanh(+-0) = +-0, tanh(+-inf) = +-1, log(0) = -inf, log(inf) = inf, log of a negative NaN, NaN
+    stays NaN."""
+    lib, _, _ = _library(name, monkeypatch)
+    x = _padded(_special_grid(np.random.default_rng(4)))
+    th, lg = np.empty_like(x), np.empty_like(x)
+    lib.vecisa_math.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long]
+    lib.vecisa_math(x.ctypes.data, th.ctypes.data, lg.ctypes.data, x.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x64 = np.where(np.isnan(x), np.nan, x.astype(np.float64))
+        for got, want, bound in ((th, np.tanh(x64), TANH_ULPS), (lg, np.log(x64), LOG_ULPS)):
+            finite = np.isfinite(want)
+            ulps = _ulps(got[finite], want[finite])
+            assert ulps.max() <= bound, (x[finite][np.argmax(ulps)], ulps.max())
+            np.testing.assert_array_equal(got[~finite], want[~finite].astype(np.float32))
+    zeros = x == 0
+    np.testing.assert_array_equal(np.signbit(th[zeros]), np.signbit(x[zeros]))
+    assert np.all(np.isnan(lg[x < 0])) and np.all(np.isneginf(lg[zeros]))
+
+
+def _scalar_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The scalar ``tc_max(a, b)`` (codegen.c): a where a > b or a is NaN, else b."""
+    return np.where((a > b) | np.isnan(a), a, b)
+
+
+def _scalar_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where((a < b) | np.isnan(a), a, b)
+
+
+@pytest.mark.parametrize("name", _targets())
+def test_vector_min_max(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max and min lane by lane with the scalar tc_max/tc_min's bits: NaN on either side, equal
+    values and -0.0/+0.0 in both orders."""
+    lib, _, _ = _library(name, monkeypatch)
+    rng = np.random.default_rng(5)
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0, -1.0, 1e-40])
+    pairs = np.array([(p, q) for p in special for q in special])
+    a64 = np.concatenate([pairs[:, 0], rng.standard_normal(4000), rng.choice(special, 2000)])
+    b64 = np.concatenate([pairs[:, 1], rng.standard_normal(4000), rng.choice(special, 2000)])
+    a64, b64 = _padded(a64), _padded(b64)
+    a32, b32 = a64.astype(np.float32), b64.astype(np.float32)
+    outs = [np.empty_like(v) for v in (a32, a32, a64, a64)]
+    lib.vecisa_min_max.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_long]
+    lib.vecisa_min_max(*(v.ctypes.data for v in (a32, b32, outs[0], outs[1], a64, b64, outs[2], outs[3])), a32.size)
+    wants = [_scalar_max(a32, b32), _scalar_min(a32, b32), _scalar_max(a64, b64), _scalar_min(a64, b64)]
+    for got, want in zip(outs, wants):
+        np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+    assert np.isnan(outs[0][:pairs.shape[0]][np.isnan(pairs).any(1)]).all()  # NaN from either side

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
@@ -131,7 +132,7 @@ def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
     I = rng.random((2, 8, 56, 56), dtype=np.float32)
     W = rng.random((8, 8, 3, 3), dtype=np.float32)
     src = k.source(I, W)
-    fmas = src.count("= tc_vf_fma(")
+    fmas = _kernel_text(src).count("= tc_vf_fma(")
     assert 0 < fmas <= target.accumulators, src
     if target.isa == "avx512":
         assert "a 4x54 register tile of O" in src, src
@@ -139,6 +140,11 @@ def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
         assert "in 4 vectors of 16 per row (the last overlapping the one before)" in src
     assert "tc_keep(v" in src
     assert_sum_close(k(I, W), _conv, I, W, terms=72)
+
+
+def _kernel_text(src: str) -> str:
+    """The kernel's function, without the preludes (whose vector functions use the layer too)."""
+    return src[src.index("int tc_kernel("):]
 
 
 SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
@@ -189,3 +195,119 @@ def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
     # a handful of roundings, relative to |X| + |M| where X - M cancels (all inputs are positive)
     assert_close(k(X, M, S), want, terms=4, scale=((X + M[:, None]) * 0.5 / S[:, None]) * X)
+
+
+COLUMN = "def col(float(M,N) X) -> (O) {{ O(j) {op}=! X(i, j) }}"
+COLUMN_INTO = "def col(float(M,N) X) -> (O) {{ O(j) {op}= X(i, j) }}"  # no bang: into the given O
+
+
+def _fold(op: str, start: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """The scalar code's reduction of X's rows into ``start``, in row order: ``tc_max(acc, x)`` is
+    acc where acc > x or acc is NaN, else x (so NaN anywhere gives NaN, and ties take x)."""
+    acc = start.copy()
+    for x in X:
+        keep = (acc > x if op == "max" else acc < x) | np.isnan(acc)
+        acc = np.where(keep, acc, x)
+    return acc
+
+
+def _column_input(M: int, dtype: str) -> np.ndarray:
+    """(M, 70) values with NaNs in a few columns (first, middle and last row), and columns of
+    signed zeros only (ties of -0.0 and +0.0 in both orders)."""
+    rng = np.random.default_rng(6)
+    X = (rng.random((M, 70)) * 2 - 1).astype(dtype)
+    X[0, 3] = X[M // 2, 40] = X[M - 1, 69] = X[7, 17] = np.nan
+    X[:, 10] = np.where(rng.random(M) < 0.5, -0.0, 0.0)
+    X[:, 11] = 0.0
+    X[M - 1, 11] = -0.0
+    X[:, 12] = -0.0
+    X[M // 3, 12] = 0.0
+    return X
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("M", [300, 40])  # the reduction in tiles (loaded target) or whole (identity start)
+def test_vector_min_max_tile(op: str, dtype: str, M: int, target: cputarget.CpuTarget) -> None:
+    """A column max/min (rows contiguous) in vector register tiles: the bits of the scalar code's
+    reduction in row order (NaNs propagated, signed zeros as tc_max/tc_min give them), the values
+    of the reference interpreter."""
+    src = COLUMN.format(op=op).replace("float(", "double(" if dtype == "float64" else "float(")
+    k = tc.define(src)
+    X = _column_input(M, dtype)
+    code = k.source(X)
+    v = "tc_vf" if dtype == "float32" else "tc_vd"
+    assert f"= {v}_{op}(a0, " in code, code
+    assert (f"{v} a0 = {v}_set1({'-' if op == 'max' else ''}INFINITY);" in code) == (M == 40), code
+    got = k(X)
+    start = np.full(70, -np.inf if op == "max" else np.inf, dtype)
+    want = _fold(op, start, X)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+    np.testing.assert_array_equal(k(X, options=MappingOptions(vectorize=False)).view(got.dtype), got)
+    np.testing.assert_array_equal(got, k(X, backend="numpy"))
+    assert np.isnan(got[[3, 17, 40, 69]]).all() and not np.isnan(np.delete(got, [3, 17, 40, 69])).any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_vector_min_max_into_out(op: str, dtype: str, target: cputarget.CpuTarget) -> None:
+    """``max=`` without a bang: the vector tile starts from the values given in out= (a NaN there
+    stays NaN)."""
+    src = COLUMN_INTO.format(op=op).replace("float(", "double(" if dtype == "float64" else "float(")
+    k = tc.define(src)
+    X = _column_input(300, dtype)
+    start = (np.random.default_rng(7).random(70) * 1.5 - 0.75).astype(dtype)
+    start[[5, 11]] = [np.nan, 0.0]
+    assert f"{'tc_vf' if dtype == 'float32' else 'tc_vd'}_{op}(a0, " in k.source(X)
+    got = k(X, out=start.copy())
+    want = _fold(op, start, X)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+    np.testing.assert_array_equal(got, k(X, out=start.copy(), backend="numpy"))
+    assert np.isnan(got[5])
+
+
+POINTWISE = """def pw(float(N,D) X, float(N,D) P) -> (T, L, S, G) {
+    T(n,d) = tanh(X(n,d))
+    L(n,d) = log(P(n,d))
+    S(n,d) = 1 / (1 + exp(-X(n,d)))
+    G(n,d) = sigmoid(X(n,d))
+}"""
+SIGMOID_ULPS = 4  # exp's 2 ulp, the sum's and the quotient's roundings
+
+
+def _ulps32(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    spacing = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want) / spacing
+
+
+@pytest.mark.parametrize("D", [512, 200])
+def test_vector_loop_transcendentals(D: int, target: cputarget.CpuTarget) -> None:
+    """tanh, log and both sigmoid spellings in vector loops (codegen.vecisa's tc_vf_tanh, tc_vf_log
+    and tc_vf_exp), rows of whole vectors or ending in an overlapping one: within the layer's
+    bounds of float64 numpy, special values (signed zeros, infinities, NaN, subnormals, log of
+    negatives) as numpy gives them."""
+    rng = np.random.default_rng(8)
+    X = np.linspace(-30, 30, 16 * D).reshape(16, D).astype(np.float32)
+    P = np.exp(rng.uniform(-100, 88, (16, D))).astype(np.float32)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-39, -3.0, 1.0, 0.625, -0.625]
+    X[0, :len(special)] = P[1, :len(special)] = special
+    P[2, :3] = [0.0, np.finfo(np.float32).tiny, 1e-42]
+    k = tc.define(POINTWISE)
+    src = k.source(X, P)
+    for call in ("tc_vf_tanh(tc_vf_load(", "tc_vf_log(tc_vf_load(", "(tc_vf_set1(1.0f) + tc_vf_exp(-tc_vf_load(",
+                 "tc_vf_exp((-tc_vf_load("):
+        assert call in src, (call, src)
+    got = dict(zip("TLSG", k(X, P)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        want = {"T": np.tanh(X.astype(np.float64)), "L": np.log(P.astype(np.float64)),
+                "S": 1 / (1 + np.exp(-X.astype(np.float64)))}
+    want["G"] = want["S"]
+    for name, bound in (("T", TANH_ULPS), ("L", LOG_ULPS), ("S", SIGMOID_ULPS), ("G", SIGMOID_ULPS)):
+        finite = np.isfinite(want[name])
+        ulps = _ulps32(got[name][finite], want[name][finite])
+        assert ulps.max() <= bound, (name, ulps.max())
+        np.testing.assert_array_equal(got[name][~finite], want[name][~finite].astype(np.float32))
+    np.testing.assert_array_equal(np.signbit(got["T"][0, :2]), [False, True])  # tanh(+-0) = +-0
+    ref = k(X, P, backend="numpy")
+    for name, r in zip("TLSG", ref):
+        np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(r))
