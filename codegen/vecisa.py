@@ -4,8 +4,10 @@ register tiles and pointwise loops (codegen.vectile, codegen.vecloop) one spelli
 For each vector element type (``tc_vf``: float32, ``tc_vd``: float64) the prelude defines the
 type and ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma``, ``_max``, ``_min`` and ``_select``
 (by a lane mask); ``+ - * /`` are C operators on the vector types (GCC and clang vector
-extensions). AVX-512, AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target
-uses generic vector extensions of the target's width.
+extensions). ``tc_vi`` (int32, as many lanes as float32) has ``_load``, ``_store``, ``_set1``,
+``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512,
+AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target uses generic vector
+extensions of the target's width.
 
 ``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.c) lane by lane: the
 running value ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else the new value ``b`` (so a NaN
@@ -44,7 +46,7 @@ _X86 = {  # isa -> (register type suffix, intrinsic prefix, asm constraint)
 
 
 def vector_type(dtype: str) -> str:
-    return "tc_vf" if dtype == "float32" else "tc_vd"
+    return {"float32": "tc_vf", "float64": "tc_vd", "int32": "tc_vi"}[dtype]
 
 
 def prelude(target: CpuTarget) -> str:
@@ -203,6 +205,12 @@ _LANE_MASKS = r"""typedef int tc_vfi __attribute__((vector_size(sizeof(tc_vf))))
 typedef long long tc_vdi __attribute__((vector_size(sizeof(tc_vd))));
 static inline tc_vf tc_vf_select(tc_vfi m, tc_vf a, tc_vf b) { return (tc_vf)(((tc_vfi)a & m) | ((tc_vfi)b & ~m)); }
 static inline tc_vd tc_vd_select(tc_vdi m, tc_vd a, tc_vd b) { return (tc_vd)(((tc_vdi)a & m) | ((tc_vdi)b & ~m)); }
+typedef tc_vfi tc_vi;  /* int32 lanes: + - * wrap, as the scalar code's (-fwrapv) */
+static inline tc_vi tc_vi_load(const void *p) { tc_vi v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline void tc_vi_store(void *p, tc_vi v) { __builtin_memcpy(p, &v, sizeof v); }
+#define tc_vi_set1(x) ((tc_vi){0} + (int)(x))
+#define tc_vi_zero() ((tc_vi){0})
+#define tc_vi_fma(a, b, c) ((a) * (b) + (c))
 """
 
 # max and min as the scalar tc_max/tc_min (codegen.c), lane by lane: a where a > b (a < b) or a is NaN, else b

@@ -5,14 +5,17 @@ A float32 or float64 register tile (see regtile) of a ``+``, ``max`` or ``min`` 
 innermost tile loop has a constant trip count of at least one vector and runs along a contiguous
 row of the target is written with one vector accumulator per vector of each row. ``max`` and
 ``min`` are the vector layer's, with the scalar ``tc_max``/``tc_min``'s bits (NaN-propagating; a
-tie takes the new value), and start from -inf/+inf where the tile runs the whole reduction. Each input vector of one step of the serial loops is
-loaded once into a register and used by every row of the tile, and a value that does not move
-along the row is broadcast once. Auto-vectorised, the same tile has GCC fold each load into
-every multiply-add that uses it again (one load per FMA, most of them across a cache line):
-conv2d's 4x54 tile ran at a third of one core's FMA peak that way and at 80 % this way. Where an
-outer tile loop is partial (6-row tiles of 1024 rows), whole tiles take the vector form and the
-last one the scalar tile; so with a partial tile along the row (6x16 tiles of 85 columns).
-Lanes and the accumulator budget come from the ``CpuTarget``.
+tie takes the new value), and start from -inf/+inf where the tile runs the whole reduction. An
+int32 sum tile of int32 ``+ - *`` takes the vector form too, exactly (both wrap).
+
+Each input vector of one step of the serial loops is loaded once into a register and used by
+every row of the tile, and a value that does not move along the row is broadcast once.
+Auto-vectorised, the same tile has GCC fold each load into every multiply-add that uses it again
+(one load per FMA, most of them across a cache line): conv2d's 4x54 tile ran at a third of one
+core's FMA peak that way and at 80 % this way. Where an outer tile loop is partial (6-row tiles
+of 1024 rows), whole tiles take the vector form and the last one the scalar tile; so with a
+partial tile along the row (6x16 tiles of 85 columns). Lanes and the accumulator budget come
+from the ``CpuTarget``.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
 54-wide row in 16 lanes: 0, 16, 32, 38): the overlapped elements are computed twice, from the
@@ -38,7 +41,8 @@ from .vecisa import vector_type
 if TYPE_CHECKING:
     from .c import _Emitter
 
-VECTOR_DTYPES = ("float32", "float64")
+VECTOR_DTYPES = ("float32", "float64")  # pointwise loops and tiles
+TILE_SUMS = ("int32",)  # sum tiles only: + - * wrap in vectors as in the scalar code, exactly
 OPS = {"+": "+", "-": "-", "*": "*"}
 LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
 REDUCTIONS = ("+", "max", "min")
@@ -60,7 +64,8 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
     dtype = em.tensors[s.tensor].dtype
-    if not em.vectorize or s.op not in REDUCTIONS or dtype not in VECTOR_DTYPES:
+    vector_op = s.op in REDUCTIONS if dtype in VECTOR_DTYPES else s.op == "+" and dtype in TILE_SUMS
+    if not em.vectorize or not vector_op:
         return None
     lanes = em.target.lanes(dtype)
     if s.tensor in em.scalars or s.tensor in em.rows or s.tensor in em.contracted:
@@ -110,12 +115,12 @@ def plus_var(e: LExpr, var: str) -> bool:
 
 
 def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
-    """``e`` is reads, constants, ``+``, ``-`` and ``*`` of the statement's type (float32 or
-    float64), and each read is contiguous along the row or does not move with it. In a pointwise
+    """``e`` is reads, constants, negation, ``+``, ``-`` and ``*`` of the statement's type (float32 or
+    float64; int32 in a tile), and each read is contiguous along the row or does not move with it. In a pointwise
     loop (``loop``) also ``/``, float32 ``exp``, values hoisted out of the loop, contracted scalars
     and row buffers; a register tile reads neither its own target nor a buffer it does not index
     in memory."""
-    if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES:
+    if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
         return False
     if isinstance(e, Const):
         return True
