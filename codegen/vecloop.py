@@ -9,7 +9,9 @@ each vector of such a loop calls the out-of-line vector ``exp``, and every call 
 vector register; written out, ``exp`` is inlined and its constants stay in registers (softmax
 1.12 -> 0.95 ms on 2 threads). The arithmetic is the scalar loop's, lane by lane: with ``+ - * /``
 and ``exp`` both give the same bits; ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp,
-where libm's are within 4), so they may differ from the scalar loop's in the last bits.
+where libm's are within 4), so they may differ from the scalar loop's in the last bits. Where the
+kernel declares glibc's vector math (libmvec: x86-64), a loop with ``tanh`` or ``log`` keeps its
+simd form, which calls libmvec's vector variants, faster there (codegen.vectile.LIBMVEC_CALLS).
 
 A trip count that is not a whole number of vectors ends with a vector overlapping the one before
 it, which recomputes and rewrites the same values; where a statement of the loop reads what one

@@ -281,11 +281,12 @@ def _ulps32(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("D", [512, 200])
-def test_vector_loop_transcendentals(D: int, target: cputarget.CpuTarget) -> None:
+def test_vector_loop_transcendentals(D: int, target: cputarget.CpuTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     """tanh, log and both sigmoid spellings in vector loops (codegen.vecisa's tc_vf_tanh, tc_vf_log
-    and tc_vf_exp), rows of whole vectors or ending in an overlapping one: within the layer's
-    bounds of float64 numpy, special values (signed zeros, infinities, NaN, subnormals, log of
-    negatives) as numpy gives them."""
+    and tc_vf_exp), rows of whole vectors or ending in an overlapping one, where the C library has
+    no vector math (so on NEON, clang or musl): within the layer's bounds of float64 numpy, special
+    values (signed zeros, infinities, NaN, subnormals, log of negatives) as numpy gives them."""
+    monkeypatch.setattr(toolchain, "has_vector_math", lambda: False)
     rng = np.random.default_rng(8)
     X = np.linspace(-30, 30, 16 * D).reshape(16, D).astype(np.float32)
     P = np.exp(rng.uniform(-100, 88, (16, D))).astype(np.float32)
@@ -343,3 +344,19 @@ def test_vector_int32_column_sum(target: cputarget.CpuTarget) -> None:
     O, P = k(X)
     np.testing.assert_array_equal(O, X.sum(0, dtype=np.int32))
     np.testing.assert_array_equal(P, X.max(0))
+
+
+@pytest.mark.skipif(not toolchain.has_vector_math(), reason="glibc's vector math (x86-64, glibc >= 2.35)")
+def test_vector_loop_leaves_tanh_and_log_to_libmvec() -> None:
+    """With glibc's vector math declared, the tanh and log loops keep their simd form (libmvec's
+    vector variants); the sigmoid loops still take the layer's inlined exp."""
+    X = np.linspace(0.5, 3, 4 * 512, dtype=np.float32).reshape(4, 512)
+    k = tc.define(POINTWISE)
+    src = k.source(X, X)
+    assert "tanhf(" in src and "logf(" in src and "tc_vf_tanh(tc_vf_load(" not in src, src
+    assert "tc_vf_log(tc_vf_load(" not in src and "tc_vf_exp(-tc_vf_load(" in src, src
+    with np.errstate(divide="ignore"):
+        want = [np.tanh(X.astype(np.float64)), np.log(X.astype(np.float64)), 1 / (1 + np.exp(-X.astype(np.float64)))]
+    got = k(X, X)
+    for g, w in zip(got, [*want, want[2]]):
+        assert _ulps32(g, w).max() <= 4
