@@ -131,7 +131,7 @@ else:
 print()
 print("5. Errors are located and explained")
 for bad, args in [
-    ("def f(float(N) A) -> (B) {\n  B(i) += A(i)\n}", None),
+    ("def f(float(N) A) -> (B) {\n  B(i) += A(i)\n}", (np.ones(3, np.float32),)),  # updates B: needs out=B
     ("def f(float(M, K) A, float(K, N) B) -> (C) {\n  C(m, n) +=! A(m, k) * B(k, n)\n}",
      (np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))),
     ("def f(float(E, D) T, int32(B) Idx) -> (O) {\n  O(b, d) = T(Idx(b), d)\n}",
