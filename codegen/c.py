@@ -784,7 +784,8 @@ class _Emitter:
                     text = f"tc_chk({text}, {shape[d]}L, {code}, tc_err)"
                     checks.append(d)
             else:
-                code = self._site("gather", s, e.tensor, d, e.span)
+                # a subscript computed from tensor values (a gather) or from indices (``j / R``)
+                code = self._site("gather" if reads(sub) else "read", s, e.tensor, d, e.span)
                 text = f"tc_chk((long){self._expr(sub, env, s)}, {shape[d]}L, {code}, tc_err)"
                 checks.append(d)
             texts.append(text)

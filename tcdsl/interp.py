@@ -280,7 +280,7 @@ class _Eval:
                     v = np.clip(v, 0, max(extent - 1, 0))
             else:
                 v = np.asarray(self.value(sub, live), dtype=np.int64)
-                self._check(e, d, v, extent, live, "gather")
+                self._check(e, d, v, extent, live, "gather" if reads(sub) else "read")
                 v = np.clip(v, 0, max(extent - 1, 0))
             idx.append(v)
         if arr.size == 0:  # no point reads it (checked above, or masked off): the value is never used
