@@ -8,8 +8,10 @@ broadcast), and whose value is built from ``+ - * /``, negation and the float32 
 each vector of such a loop calls the out-of-line vector ``exp``, and every call clobbers every
 vector register; written out, ``exp`` is inlined and its constants stay in registers (softmax
 1.12 -> 0.95 ms on 2 threads). The arithmetic is the scalar loop's, lane by lane: with ``+ - * /``
-and ``exp`` both give the same bits; ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp,
-where libm's are within 4), so they may differ from the scalar loop's in the last bits. Where the
+both give the same bits, and with ``exp`` where the scalar loop calls the layer's ``exp`` as its
+vector variant (x86 with GCC: codegen.c.vector_exp; elsewhere it calls libm's expf). ``tanh`` and
+``log`` are codegen.vecisa's (within 2 and 1 ulp, where libm's are within 4), so they may differ
+from the scalar loop's in the last bits. Where the
 kernel declares glibc's vector math (libmvec: x86-64), a loop with ``tanh`` or ``log`` keeps its
 simd form, which calls libmvec's vector variants, faster there (codegen.vectile.LIBMVEC_CALLS).
 
