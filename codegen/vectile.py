@@ -1,14 +1,15 @@
 """Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in the
 target's explicit vectors (codegen.vecisa: AVX-512, AVX2, SSE2, NEON or generic vector extensions).
 
-A float32 or float64 register tile (see regtile) of a ``+``, ``max`` or ``min`` reduction whose
-innermost tile loop has a constant trip count of at least one vector and runs along a contiguous
-row of the target is written with one vector accumulator per vector of each row. ``max`` and
-``min`` are the vector layer's, with the scalar ``tc_max``/``tc_min``'s bits (NaN-propagating; a
-tie takes the new value), and start from -inf/+inf where the tile runs the whole reduction. An
-int32 sum tile of int32 ``+ - *`` takes the vector form too, exactly (both wrap), where every vector
-of one step (accumulators, loads, broadcasts) fits in the registers: no integer multiply takes its
-broadcast from memory, and AVX2's 6x16 int32 tile spilled five accumulators (0.74x GCC's own).
+A float32 or float64 register tile (see regtile) of a ``+``, ``*``, ``max`` or ``min`` reduction
+whose innermost tile loop has a constant trip count of at least one vector and runs along a
+contiguous row of the target is written with one vector accumulator per vector of each row.
+``max`` and ``min`` are the vector layer's, with the scalar ``tc_max``/``tc_min``'s bits
+(NaN-propagating; a tie takes the new value), and start from -inf/+inf where the tile runs the
+whole reduction. An int32 sum or product tile of int32 ``+ - *`` takes the vector form too,
+exactly (both wrap), where every vector of one step (accumulators, loads, broadcasts) fits in the
+registers: no integer multiply takes its broadcast from memory, and AVX2's 6x16 int32 tile
+spilled five accumulators (0.74x GCC's own).
 
 Each input vector of one step of the serial loops is loaded once into a register and used by
 every row of the tile, and a value that does not move along the row is broadcast once.
@@ -44,10 +45,10 @@ if TYPE_CHECKING:
     from .c import _Emitter
 
 VECTOR_DTYPES = ("float32", "float64")  # pointwise loops and tiles
-TILE_SUMS = ("int32",)  # sum tiles only: + - * wrap in vectors as in the scalar code, exactly
+TILE_SUMS = ("int32",)  # sum and product tiles only: + - * wrap in vectors as in the scalar code, exactly
 OPS = {"+": "+", "-": "-", "*": "*"}
 LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
-REDUCTIONS = ("+", "max", "min")
+REDUCTIONS = ("+", "*", "max", "min")
 LOOP_CALLS = ("exp", "tanh", "log", "sigmoid")  # float32 builtins with a vector form (codegen.vecisa)
 # ... that glibc's libmvec has too: where the kernel declares it (the emitter's ``vector_math``), the
 # scalar simd loop calls its vector variant, at least as fast as the layer's (AVX-512: logf 0.32 vs
@@ -71,7 +72,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
     dtype = em.tensors[s.tensor].dtype
-    vector_op = s.op in REDUCTIONS if dtype in VECTOR_DTYPES else s.op == "+" and dtype in TILE_SUMS
+    vector_op = s.op in REDUCTIONS if dtype in VECTOR_DTYPES else s.op in ("+", "*") and dtype in TILE_SUMS
     if not em.vectorize or not vector_op:
         return None
     lanes = em.target.lanes(dtype)
@@ -226,7 +227,8 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     v = vector_type(s.rhs.dtype)
     overlap = " (the last overlapping the one before)" if vt.starts[-1] % vt.lanes else ""
     w.line(f"// in {len(vt.starts)} vectors of {vt.lanes} per row{overlap}")
-    identity = {"+": f"{v}_zero()", "max": f"{v}_set1(-INFINITY)", "min": f"{v}_set1(INFINITY)"}[s.op]
+    identity = {"+": f"{v}_zero()", "*": f"{v}_set1(1)", "max": f"{v}_set1(-INFINITY)",
+                "min": f"{v}_set1(INFINITY)"}[s.op]
     for key in tiles:
         value = identity if identity_start else f"{v}_load(&{target(*key)})"
         w.line(f"{v} {acc[key]} = {value};")
@@ -240,6 +242,8 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
         env = env_at(*key)
         if s.op in ("max", "min"):  # as the scalar tc_max/tc_min: NaN-propagating, ties to the new value
             updates.append(f"{acc[key]} = {v}_{s.op}({acc[key]}, {vexpr(em, s.rhs, env, s, vt.row, loads)});")
+        elif s.op == "*":
+            updates.append(f"{acc[key]} = {acc[key]} * {vexpr(em, s.rhs, env, s, vt.row, loads)};")
         elif isinstance(s.rhs, Binop) and s.rhs.op == "*":
             a = vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
             b = vexpr(em, s.rhs.rhs, env, s, vt.row, loads)

@@ -17,7 +17,7 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
-from tcdsl.codegen import toolchain
+from tcdsl.codegen import toolchain, vecisa
 from tcdsl.errors import TcArgumentError
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
@@ -363,3 +363,36 @@ def test_vector_loop_leaves_tanh_and_log_to_libmvec() -> None:
     got = k(X, X)
     for g, w in zip(got, [*want, want[2]]):
         assert _ulps32(g, w).max() <= 4
+
+
+PRODUCT = "def col({t}(M,N) X) -> (O) {{ O(j) *=! X(i, j) }}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("M", [300, 40])
+def test_vector_product_tile(dtype: str, M: int, target: cputarget.CpuTarget) -> None:
+    """A column product in vector tiles: the scalar code's bits (the same multiplies in row order;
+    int32 wraps), starting from 1 where the tile runs the whole reduction, close to numpy."""
+    rng = np.random.default_rng(12)
+    if dtype == "int32":
+        X = rng.integers(-7, 8, (M, 70)).astype(np.int32)
+    else:
+        X = (rng.random((M, 70)) * 0.2 + 0.9).astype(dtype)  # no overflow in 300 factors
+        X[5, 9] = np.nan
+        X[7, 20] = -0.0
+    k = tc.define(PRODUCT.format(t={"float32": "float", "float64": "double", "int32": "int32"}[dtype]))
+    v = vecisa.vector_type(dtype)
+    src = k.source(X)
+    assert "a0 = a0 * " in src and (f"{v} a0 = {v}_set1(1);" in src) == (M == 40), src
+    got = k(X)
+    fold = np.ones(70, dtype)
+    for row in X:
+        fold = (fold * row).astype(dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), fold.view(f"u{fold.itemsize}"))
+    np.testing.assert_array_equal(k(X, options=MappingOptions(vectorize=False)), got)
+    ref = k(X, backend="numpy")
+    if dtype == "int32":
+        np.testing.assert_array_equal(got, ref)
+    else:  # M roundings of a product of positive factors, relative to it
+        assert_close(got, ref, terms=M, scale=np.abs(ref))
+        assert np.isnan(got[9]) and np.signbit(got[20]) and got[20] == 0
