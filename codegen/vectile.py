@@ -125,12 +125,12 @@ def plus_var(e: LExpr, var: str) -> bool:
 
 
 def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
-    """``e`` is reads, constants, negation, ``+``, ``-`` and ``*`` of the statement's type (float32
-    or float64; int32 in a tile), and each read is contiguous along the row or does not move with
-    it. In a pointwise loop (``loop``) also ``/``, float32 ``exp`` and ``sigmoid``, ``tanh`` and
-    ``log`` where libmvec does not have them (LIBMVEC_CALLS), values hoisted out of the loop,
-    contracted scalars and row buffers; a register tile reads neither its own target nor a buffer
-    it does not index in memory."""
+    """``e`` is reads, constants, negation, ``+``, ``-``, ``*`` and float ``max``/``min`` of the
+    statement's type (float32 or float64; int32 in a tile), and each read is contiguous along the
+    row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``exp`` and
+    ``sigmoid``, ``tanh`` and ``log`` where libmvec does not have them (LIBMVEC_CALLS), values
+    hoisted out of the loop, contracted scalars and row buffers; a register tile reads neither its
+    own target nor a buffer it does not index in memory."""
     if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
         return False
     if isinstance(e, Const):
@@ -140,6 +140,8 @@ def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = Fal
                 and vector_expr(em, e.rhs, s, row, loop))
     if isinstance(e, Unop):
         return e.op == "-" and vector_expr(em, e.arg, s, row, loop)
+    if isinstance(e, Call) and e.fn in ("max", "min"):  # the layer's, with tc_max/tc_min's bits
+        return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop) for a in e.args)
     if isinstance(e, Call):
         return (loop and e.fn in LOOP_CALLS and e.dtype == "float32"
                 and not (e.fn in LIBMVEC_CALLS and em.vector_math) and vector_expr(em, e.args[0], s, row, loop))
@@ -185,6 +187,8 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         return f"({vexpr(em, e.lhs, env, s, row, loads)} {LOOP_OPS[e.op]} {vexpr(em, e.rhs, env, s, row, loads)})"
     if isinstance(e, Unop):
         return f"(-{vexpr(em, e.arg, env, s, row, loads)})"
+    if isinstance(e, Call) and e.fn in ("max", "min"):
+        return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads) for a in e.args)})"
     if isinstance(e, Call):
         arg = vexpr(em, e.args[0], env, s, row, loads)
         if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))

@@ -396,3 +396,40 @@ def test_vector_product_tile(dtype: str, M: int, target: cputarget.CpuTarget) ->
     else:  # M roundings of a product of positive factors, relative to it
         assert_close(got, ref, terms=M, scale=np.abs(ref))
         assert np.isnan(got[9]) and np.signbit(got[20]) and got[20] == 0
+
+
+MAX_MIN_CALLS = """def mm({t}(N,D) X, {t}(N,D) Y) -> (R, O) {{
+    R(n,d) = max(X(n,d), 0) + min(Y(n,d), X(n,d))
+    O(d) +=! max(X(r_n,d), Y(r_n,d))
+}}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_vector_max_min_calls(dtype: str, target: cputarget.CpuTarget) -> None:
+    """The builtins max and min in a vector loop and inside a vector sum tile: tc_max/tc_min's bits
+    (NaN from either side, -0.0/+0.0 ties take the second argument), numpy's values."""
+    rng = np.random.default_rng(13)
+    X, Y = (rng.standard_normal((64, 512)).astype(dtype) for _ in range(2))
+    X[0, :6] = [np.nan, 0.0, -0.0, 1.0, -0.0, 0.0]
+    Y[0, :6] = [1.0, -0.0, 0.0, np.nan, -0.0, 0.0]
+    X[3, 7] = np.nan
+    k = tc.define(MAX_MIN_CALLS.format(t="float" if dtype == "float32" else "double"))
+    v = vecisa.vector_type(dtype)
+    src = k.source(X, Y)
+    assert f"({v}_max({v}_load(" in src and f"{v}_min({v}_load(" in src and f"a0 = a0 + {v}_max(v" in src, src
+    R, O = k(X, Y)
+
+    def tc_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where((a > b) | np.isnan(a), a, b)
+
+    def tc_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where((a < b) | np.isnan(a), a, b)
+
+    want_r = (tc_max(X, np.zeros_like(X)) + tc_min(Y, X)).astype(dtype)
+    np.testing.assert_array_equal(R.view(f"u{R.itemsize}"), want_r.view(f"u{R.itemsize}"))
+    Rr, Or = k(X, Y, backend="numpy")
+    np.testing.assert_array_equal(R, Rr)
+    np.testing.assert_array_equal(k(X, Y, options=MappingOptions(vectorize=False))[1], O)
+    terms = tc_max(X, Y).astype(np.float64)
+    assert_close(O, Or, terms=64, scale=np.abs(terms).sum(0))
+    assert np.isnan(O[[0, 3, 7]]).all()
