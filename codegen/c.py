@@ -372,7 +372,7 @@ class _Emitter:
         ``q``: ``rows`` target rows, all of ``q``'s columns."""
         w = self.w
         st = self.scop.stmt(tp.call.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         src = s.rhs
         assert isinstance(src, Read)
         stream = int(memshare.elements(self.shapes[s.tensor]) * 4 >= transpose.STREAM_MIN_BYTES)
@@ -395,7 +395,7 @@ class _Emitter:
     def _register_tile(self, rt: regtile.RegisterTile) -> None:
         """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile)."""
         st = self.scop.stmt(rt.call.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         t = self.tensors[s.tensor]
         ctype = CTYPE[t.dtype]
         args = dict(zip(st.indices, rt.call.args))
@@ -508,7 +508,7 @@ class _Emitter:
         as two loops, the whole vectors then the rest: GCC then keeps each part of the tile in
         registers (group conv's 26-wide rows: 98 -> 78 ms on one thread)."""
         trips = trip_count(f)
-        dtype = self.tensors[self.c.stmts[self.scop.stmt(rt.call.stmt).number - 1].tensor].dtype
+        dtype = self.tensors[self.scop.tc_statement(rt.call.stmt).tensor].dtype
         lanes = self.target.lanes(dtype)
         if trips is None or not isinstance(f.init, LInt) or trips <= lanes or trips % lanes == 0:
             return [(None, None)]
@@ -523,13 +523,13 @@ class _Emitter:
         calls = [b for b in n.body if isinstance(b, LCall)]
         if len(calls) != len(n.body):
             return {}
-        written = {self.c.stmts[self.scop.stmt(c.stmt).number - 1].tensor for c in calls}
+        written = {self.scop.tc_statement(c.stmt).tensor for c in calls}
         out: dict[int, str] = {}
         for call in calls:
             st = self.scop.stmt(call.stmt)
             if st.kind != "update":
                 continue
-            s = self.c.stmts[st.number - 1]
+            s = self.scop.tc_statement(st.name)
             args = dict(zip(st.indices, call.args))
             for r in reads(s.rhs):
                 if id(r) in out or r.tensor in written or r.conditional or r.tensor in self.scalars:
@@ -554,7 +554,7 @@ class _Emitter:
             return False
         call = n.body[0]
         st = self.scop.stmt(call.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         if st.kind != "update" or s.op == "=":
             return False
         args = dict(zip(st.indices, call.args))
@@ -618,7 +618,7 @@ class _Emitter:
         ``nan_flag``, a min/max reduction is written so OpenMP can vectorise it, NaNs being
         recorded in the flag (numpy's min and max propagate NaN)."""
         st = self.scop.stmt(n.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         w = self.w
         w.line(f"{{  // {'init of ' if st.kind == 'init' else ''}statement {s.number} (line {s.span.line}): "
                f"{print_stmt(s.source)}")

@@ -25,7 +25,7 @@ def contractible(ir: LoopIR, scop: Scop) -> dict[str, int]:
             if not isinstance(node, LCall):
                 continue
             st = scop.stmt(node.stmt)
-            s = checked.stmts[st.number - 1]
+            s = scop.tc_statement(st.name)
             if s.tensor in uses:
                 uses[s.tensor].append((id(body), pos, node, "init" if st.kind == "init" else "write"))
             if st.kind == "update":
@@ -46,9 +46,8 @@ def _qualifies(name: str, entries: list[tuple[int, int, LCall, str]], scop: Scop
     if len(writes) != 1 or writes[0][3] != "write":
         return False
     _, wpos, wcall, _ = writes[0]
-    checked = scop.inst.checked
     wst = scop.stmt(wcall.stmt)
-    ws = checked.stmts[wst.number - 1]
+    ws = scop.tc_statement(wst.name)
     if ws.op != "=" or any(r.tensor == name for r in reads(ws.rhs)):
         return False
     wargs = dict(zip(wst.indices, wcall.args))
@@ -59,7 +58,7 @@ def _qualifies(name: str, entries: list[tuple[int, int, LCall, str]], scop: Scop
         if pos <= wpos:
             return False
         st = scop.stmt(call.stmt)
-        s = checked.stmts[st.number - 1]
+        s = scop.tc_statement(st.name)
         args = dict(zip(st.indices, call.args))
         for r in reads(s.rhs):
             if r.tensor != name:
@@ -113,12 +112,11 @@ def row_buffers(ir: LoopIR, scop: Scop, taken: set[str], limit: int = 16384) -> 
 
 
 def _row_buffer(ir: LoopIR, scop: Scop, name: str, rank: int) -> tuple[int, tuple[int, ...]] | None:
-    checked = scop.inst.checked
     # every access as (path of enclosing loops, the subscript of each dim as a loop expression or None)
     accesses: list[tuple[tuple[LFor, ...], list[LExpr | None]]] = []
     for path, call in _calls_with_path(ir.body, ()):
         st = scop.stmt(call.stmt)
-        s = checked.stmts[st.number - 1]
+        s = scop.tc_statement(st.name)
         args = dict(zip(st.indices, call.args))
         if s.tensor == name:
             accesses.append((path, [args[i] for i in s.lhs]))

@@ -319,7 +319,7 @@ class _GpuEmitter(_Emitter):
             return False
         chain, red, call = found
         st = self.scop.stmt(call.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
             return False
         if sum(isinstance(x, LCall) for x in walk(n.body)) != 1:
@@ -371,7 +371,7 @@ class _GpuEmitter(_Emitter):
             return False
         call = nest[-1].body[0]
         st = self.scop.stmt(call.stmt)
-        s = self.c.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
             return False
         args = dict(zip(st.indices, call.args))

@@ -23,7 +23,7 @@ def share(ir: LoopIR, scop: Scop, contracted: set[str]) -> dict[str, str]:
     for pos, node in enumerate(ir.body):
         for call in _calls(node):
             st = scop.stmt(call.stmt)
-            s = checked.stmts[st.number - 1]
+            s = scop.tc_statement(st.name)
             names = {s.tensor} | ({r.tensor for r in reads(s.rhs)} if st.kind == "update" else set())
             for name in names:
                 life.setdefault(name, [pos, pos])[1] = pos
@@ -44,11 +44,10 @@ def share(ir: LoopIR, scop: Scop, contracted: set[str]) -> dict[str, str]:
 
 def first_use(ir: LoopIR, scop: Scop, name: str) -> int:
     """The position of the top-level nest that first touches tensor ``name``."""
-    checked = scop.inst.checked
     for pos, node in enumerate(ir.body):
         for call in _calls(node):
             st = scop.stmt(call.stmt)
-            s = checked.stmts[st.number - 1]
+            s = scop.tc_statement(st.name)
             if s.tensor == name or (st.kind == "update" and any(r.tensor == name for r in reads(s.rhs))):
                 return pos
     return -1

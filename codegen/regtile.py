@@ -41,7 +41,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     if not isinstance(node, LCall):
         return None
     st = scop.stmt(node.stmt)
-    s = checked.stmts[st.number - 1]
+    s = scop.tc_statement(st.name)
     if st.kind != "update" or s.op == "=":
         return None
     args = dict(zip(st.indices, node.args))

@@ -173,7 +173,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef, strides: dict[str, tuple[int
         return None
     call = inner.body[0]
     st = scop.stmt(call.stmt)
-    s = checked.stmts[st.number - 1]
+    s = scop.tc_statement(st.name)
     if st.kind != "update" or s.op != "=" or not isinstance(s.rhs, Read) or s.rhs.conditional:
         return None
     src = s.rhs

@@ -439,7 +439,7 @@ class _Mapper:
             st = self.scop.stmt(call.stmt)
             if st.kind != "update":
                 continue
-            s = c.stmts[st.number - 1]
+            s = self.scop.tc_statement(st.name)
             args = dict(zip(st.indices, call.args))
             for r in reads(s.rhs):
                 if r.tensor not in inputs or not r.subs:

@@ -136,7 +136,7 @@ class _Thread:
 
     def _call(self, n: LCall) -> Iterator[tuple[str, tuple[str, int]]]:
         st = self.scop.stmt(n.stmt)
-        s = self.scop.inst.checked.stmts[st.number - 1]
+        s = self.scop.tc_statement(st.name)
         idx = {name: _eval(a, self.env) for name, a in zip(st.indices, n.args)}
         values = {**self.sizes, **idx}
         target = (s.tensor, _flat([idx[i] for i in s.lhs], self.shapes[s.tensor]))

@@ -51,7 +51,7 @@ class Scop:
         lines = [f"scop {self.inst.checked.name}" + (" (parametric)" if self.parametric else
                                                      f" ({', '.join(f'{k}={v}' for k, v in self.inst.sizes.items())})")]
         for s in self.stmts:
-            st = self.inst.checked.stmts[s.number - 1]
+            st = self.tc_statement(s.name)
             lines.append(f"  {s.name}: {s.kind} of statement {s.number} (line {st.span.line}), writes {st.tensor}")
         lines += [f"  domain: {self.domain}", f"  reads: {self.reads}", f"  writes: {self.writes}",
                   f"  order: {self.order}"]

@@ -24,7 +24,7 @@ def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no i
     sizes = ", ".join(f"{k}={v}" for k, v in scop.inst.sizes.items())
     out = [f"def {c.name} ({sizes}), fusion '{options.fusion}'", "", "statements:"]
     for st in scop.stmts:
-        s = c.stmts[st.number - 1]
+        s = scop.tc_statement(st.name)
         what = "init of statement" if st.kind == "init" else "statement"
         out.append(f"  {st.name}[{', '.join(st.indices)}]: {what} {s.number} (line {s.span.line}): "
                    f"{print_stmt(s.source)}")
