@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tcdsl.affine import Sym
 from tcdsl.checked import CheckedDef, Statement
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, const_upper, expr_vars
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, const_upper, expr_vars, walk
 from tcdsl.polyhedral.loopir import trip_bound as loop_trip_bound
 from tcdsl.polyhedral.scop import Scop
 
@@ -126,8 +127,6 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) ->
 
 
 def _whole_reduction(rt: RegisterTile, scop: Scop, s: Statement) -> bool:
-    from tcdsl.affine import Sym
-
     st = scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
     reductions = list(s.reductions)
@@ -152,8 +151,6 @@ def _whole_reduction(rt: RegisterTile, scop: Scop, s: Statement) -> bool:
 
 def _init_nests_apart(body: tuple[LNode, ...], init: str) -> bool:
     """Every call of ``init`` is in a top-level nest that calls nothing else."""
-    from tcdsl.polyhedral.loopir import walk
-
     for n in body:
         names = {x.stmt for x in walk((n,)) if isinstance(x, LCall)}
         if init in names and names != {init}:

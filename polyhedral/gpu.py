@@ -34,6 +34,7 @@ from .loopir import (
     LInt,
     LMark,
     LNode,
+    LoopIR,
     LOp,
     LSync,
     LVar,
@@ -91,8 +92,6 @@ class GpuKernel:
     shared_bytes: int
 
     def __str__(self) -> str:
-        from .loopir import LoopIR
-
         head = (f"kernel {self.name}<<<grid {self.grid}, block {self.block}>>> shared {self.shared_bytes} B"
                 + "".join(f"\n  shared {b.name}: {b.tensor} box {'x'.join(map(str, b.sizes))} pitch {b.pitch}"
                           for b in self.shared))

@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from . import ast as A
 from . import dtypes as T
 from .affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
 from .checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
 from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite, text
 from .derivative import unconditional_reads as uncond
 from .errors import TcGradientError
-from .sema import BUILTINS
+from .grammar import parse
+from .printer import definition, stmt
+from .sema import BUILTINS, check_module
 
 Version = tuple[str, "int | None"]  # (tensor, statement after which the value holds); None: an input
 
@@ -66,9 +69,6 @@ def derive(checked: CheckedDef, wrt: Sequence[str] | None = None,
 
 def with_saved_outputs(checked: CheckedDef, saved: Sequence[str]) -> str:
     """The forward def's text with the temporaries ``saved`` also returned (after its outputs)."""
-    from . import ast as A
-    from .printer import definition
-
     d = checked.source
     extra = tuple(A.Output(A.Ident(n)) for n in saved)
     return definition(replace(d, outputs=d.outputs + extra)) + "\n"
@@ -687,8 +687,6 @@ def _copy_text(dst: str, src: str, t: Tensor, fresh: Callable[[str], str]) -> st
 
 
 def _one_line(s: Statement) -> str:
-    from .printer import stmt
-
     return " ".join(stmt(s.source).split())
 
 
@@ -748,8 +746,6 @@ def user_backward(fwd: CheckedDef, bwd: CheckedDef) -> Backward:
                               f"{fwd.name} returns the gradient of each of its inputs ({n_in}) or of each float "
                               f"input ({len(floats)})", loc)
     params = tuple(Param(n, role, of) for n, (role, of) in zip(names, roles))
-    from .printer import definition
-
     return Backward(fwd.name, bwd.name, definition(bwd.source) + "\n", params, tuple(grads), (), user=True)
 
 
@@ -757,9 +753,6 @@ def attach(kernel: object, backward: str | None, save: Iterable[str] | Mapping[s
            single: bool = True, filename: str = "<backward>") -> None:
     """Give ``kernel`` (a ``tcdsl.api.Kernel``) a hand-written backward def or a ``save=`` choice;
     for one def of several (``single`` false), names that are not its own are left to the others."""
-    from .grammar import parse
-    from .sema import check_module
-
     fwd: CheckedDef = kernel.checked  # type: ignore[attr-defined]
     if save is not None:
         if not single:

@@ -14,6 +14,7 @@ from typing import Union
 from . import ast as A
 from . import dtypes as T
 from .affine import Sym
+from .printer import definition
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,6 @@ class CheckedDef:
         return {t.name: t for t in (*self.inputs, *self.outputs, *self.temps)}
 
     def __str__(self) -> str:
-        from .printer import definition
-
         lines = [definition(self.source)]
         for s in self.stmts:
             lines.append(f"# statement {s.number} (line {s.span.line}): " + ", ".join(str(r) for r in s.ranges))

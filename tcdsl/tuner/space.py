@@ -19,7 +19,9 @@ from typing import Any
 from tcdsl import dtypes as T
 from tcdsl.affine import Sym
 from tcdsl.checked import CheckedDef
+from tcdsl.errors import TcScheduleError
 from tcdsl.options import FUSION, MappingOptions
+from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS, SM90, check_options
 from tcdsl.sema import BUILTINS
 
 from .genetic import Gene, Genome, Space
@@ -111,8 +113,6 @@ def _levels(space: Space) -> int:
 
 
 def _gpu_to_options(space: Space, v: dict[str, Any]) -> MappingOptions:
-    from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS
-
     blocks = (v["block_x"], v["block_y"])
     threads: tuple[int, ...] = (v["thread_x"], v["thread_y"], v["thread_z"])
     while len(threads) > 1 and threads[-1] == 1:
@@ -126,8 +126,6 @@ def _gpu_to_options(space: Space, v: dict[str, Any]) -> MappingOptions:
 
 
 def _gpu_from_options(space: Space, options: MappingOptions) -> Genome | None:
-    from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS
-
     n = _levels(space)
     explicit = options.tile is not None
     tile = (list(options.tile or ()) + [0] * n)[:n]
@@ -182,9 +180,6 @@ def prune(space: Space, genome: Genome) -> str | None:
     """Why ``genome`` is not worth compiling, or None: a register tile beyond the registers spills;
     a GPU mapping the device cannot run, or blocks of fewer threads than a warp."""
     if _is_gpu(space):
-        from tcdsl.errors import TcScheduleError
-        from tcdsl.polyhedral.gpu import SM90, check_options
-
         options = to_options(space, genome)
         try:
             check_options(options, SM90)
