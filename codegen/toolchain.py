@@ -28,6 +28,7 @@ from tcdsl import knobs
 from tcdsl.errors import TcCompileError
 from tcdsl.polyhedral import cputarget
 from tcdsl.polyhedral.cputarget import CpuTarget
+from tcdsl.version import __version__
 
 from . import diskcache
 
@@ -184,8 +185,6 @@ def _kernel_cpu_flags() -> str:
 
 
 def library_key(source: str, stem: str = "", entry: str = "") -> str:
-    from tcdsl import __version__
-
     cc = tuple(compiler())
     h = hashlib.sha256()
     for part in (source, stem, entry, compiler_version(cc), " ".join(cc), " ".join(FLAGS), cpu_target(cc),

@@ -21,8 +21,7 @@ from .errors import (
     TcWarning,
 )
 from .options import MappingOptions
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> object:

@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from tcdsl.codegen import toolchain
 from tcdsl.options import MappingOptions
+from tcdsl.version import __version__
 
 from . import space as S
 from .cache import TuneKey, TuningCache
@@ -100,8 +102,6 @@ def machine() -> tuple[str, str]:
     """(device name, architecture) of this CPU, for the tuning cache's key: the model name, and the
     CPU target kernels compile for (``CpuTarget.key``: ISA, vector width, registers, caches;
     ``$TCDSL_CPU`` narrows it)."""
-    from tcdsl.codegen import toolchain
-
     return _model_name(), f"{platform.machine()} {toolchain.target().key}"
 
 
@@ -121,8 +121,6 @@ def _model_name() -> str:
 
 def device_for(backend: str) -> tuple[str, str, str]:
     """(device name, architecture, compiler) that results on ``backend`` depend on."""
-    from tcdsl.codegen import toolchain
-
     if backend == "opencl":
         from tcdsl import gpurt
 
@@ -145,8 +143,6 @@ def device_for(backend: str) -> tuple[str, str, str]:
 
 
 def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> TuneKey:
-    from tcdsl import __version__
-
     device, arch, compiler = device_for(backend)
     return TuneKey(tc=S.canonical_text(kernel.checked), entry=kernel.checked.name,
                    shapes=tuple(tuple(a.shape) for a in arrays), dtypes=tuple(a.dtype.str for a in arrays),
