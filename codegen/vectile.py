@@ -31,6 +31,7 @@ The vector text sits under ``#if TC_VEC`` beside the scalar tile, for compilers 
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -254,12 +255,19 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
             updates.append(f"{acc[key]} = {v}_fma({a}, {b}, {acc[key]});")
         else:
             updates.append(f"{acc[key]} = {acc[key]} + {vexpr(em, s.rhs, env, s, vt.row, loads)};")
-    for text, name in loads.items():
-        w.line(f"{v} {name} = {text};")
+    # the vector loads first, kept in registers; each broadcast just before its first use, so
+    # that a tile using all but a few registers (AVX2's 12 of 16) holds one broadcast at a time
     kept = [name for text, name in loads.items() if "_load(" in text]
+    for text, name in loads.items():
+        if name in kept:
+            w.line(f"{v} {name} = {text};")
     for name in kept:
         w.line(f"tc_keep({name});")
+    pending = {name: text for text, name in loads.items() if name not in kept}
     for line in updates:
+        for name in re.findall(r"\bb\d+\b", line):
+            if name in pending:
+                w.line(f"{v} {name} = {pending.pop(name)};")
         w.line(line)
     for _ in rt.serial:
         w.pop()
