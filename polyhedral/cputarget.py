@@ -113,4 +113,14 @@ def named(name: str, native: CpuTarget) -> CpuTarget:
     return replace(native, isa=name, vector_bytes=size, vector_registers=regs, fma=fma, flags=flags)
 
 
-GENERIC = CpuTarget("generic", "any", *_ISAS["generic"])  # what code printed without a machine assumes
+def preset(name: str) -> CpuTarget:
+    """A target by its ISA's name alone (default caches, one core), whatever this machine runs: the
+    code of a cross-build, to read or compile elsewhere."""
+    key = name.strip().lower()
+    if key not in _ISAS:
+        raise TcArgumentError(f"{name!r} names no CPU target; use one of {', '.join(_ISAS)}")
+    arch = "aarch64" if key == "neon" else "any" if key == "generic" else "x86_64"
+    return CpuTarget(key, arch, *_ISAS[key], flags=NARROW.get(key, ()) if arch == "x86_64" else ())
+
+
+GENERIC = preset("generic")  # what code printed without a machine assumes

@@ -28,6 +28,7 @@ from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
 from .instance import Instance, accumulate_error, bind_sizes, instantiate
 from .options import MappingOptions
+from .polyhedral.cputarget import CpuTarget, preset
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
 from .sema import check_def, check_def_names
@@ -211,13 +212,16 @@ class Kernel:
         return result
 
     @_stack_safe
-    def lowered(self, *args: Any, options: MappingOptions | None = None) -> Lowered:
-        """Every compiler stage for these arguments (no C compiler needed)."""
+    def lowered(self, *args: Any, options: MappingOptions | None = None,
+                target: CpuTarget | str | None = None) -> Lowered:
+        """Every compiler stage for these arguments (no C compiler needed); ``target``: the CPU to
+        lower for (a ``CpuTarget``, or a preset's name such as ``"avx2"`` for a cross-build; by
+        default the one kernels compile for here)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
         opts = options or self.options
         inst = self._for_c(self._instance(arrays), opts)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
-        return lower(inst, opts, strides_of(inst, inputs))
+        return lower(inst, opts, strides_of(inst, inputs), preset(target) if isinstance(target, str) else target)
 
     @_stack_safe
     def backward_source(self, wrt: Sequence[str] | None = None) -> str:
@@ -228,9 +232,10 @@ class Kernel:
         return backward_of(self, wrt).source
 
     @_stack_safe
-    def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None) -> str:
-        """The generated code for these arguments' shapes, dtypes and strides: C, or CUDA / OpenCL
-        (printed on any machine; nothing is compiled)."""
+    def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None,
+               target: CpuTarget | str | None = None) -> str:
+        """The generated code for these arguments' shapes, dtypes and strides: C (for ``target``,
+        see ``lowered``), or CUDA / OpenCL (printed on any machine; nothing is compiled)."""
         if backend in ("cuda", "opencl"):
             from .codegen.gpu import launch_text
 
@@ -239,7 +244,7 @@ class Kernel:
         if backend != "c":
             raise TcArgumentError(f"source() covers the c, cuda and opencl backends; backend {backend!r} has no "
                                   "generated code")
-        return self.lowered(*args, options=options).source.text
+        return self.lowered(*args, options=options, target=target).source.text
 
     @_stack_safe
     def lowered_gpu(self, *args: Any, backend: str = "cuda", options: MappingOptions | None = None,

@@ -29,6 +29,8 @@ settings.load_profile("repeatable")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+    parser.addoption("--accept-golden", action="store_true",
+                     help="rewrite the golden files of tests/golden with what the compiler prints now")
 
 
 @functools.cache

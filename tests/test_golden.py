@@ -1,0 +1,54 @@
+"""Golden files: each lowering stage's printed output for a few defs on fixed CPU targets (AVX-512
+and AVX2 presets, so that the files do not depend on this machine's caches): the schedule after
+the CPU transformations, the loop IR, and the C text. A change in any stage shows as a diff of
+these files; ``pytest tests/test_golden.py --accept-golden`` rewrites them after a deliberate
+change (review the diff before committing). The numbers the C computes are checked elsewhere
+(test_vectile, test_cputarget, test_c_backend). The C text also declares libmvec's vector math where
+glibc has it (glibc >= 2.35 on x86-64), as kernels built here do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcdsl as tc
+from tcdsl.polyhedral.cputarget import preset
+from tcdsl.polyhedral.treeprint import tree_text
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+DEFS = {
+    "matmul": ("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }",
+               [(96, 80), (80, 100)]),
+    "conv2d": ("def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
+               "  O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)\n}", [(2, 8, 20, 20), (8, 8, 3, 3)]),
+    "softmax": ("def softmax(float(N,D) X) -> (Y) {\n  mx(n) max=! X(n,r_d)\n  e(n,d) = exp(X(n,d) - mx(n))\n"
+                "  s(n) +=! e(n,r_d)\n  Y(n,d) = e(n,d) / s(n)\n}", [(16, 200)]),
+    "maxpool": ("def pool(float(N,C,H,W) I) -> (O) {\n  O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) "
+                "where r_kh in 0:2, r_kw in 0:2\n}", [(2, 4, 16, 16)]),
+    "fc_relu": ("def fc(float(B,M) I, float(N,M) W1, float(N) B1) -> (O1) {\n  O1(b, n) +=! I(b, r_m) * W1(n, r_m)\n"
+                "  O1(b, n) = O1(b, n) + B1(n)\n  O1(b, n) = fmax(O1(b, n), 0)\n}", [(32, 64), (48, 64), (48,)]),
+}
+TARGETS = ["avx512", "avx2"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", DEFS)
+def test_golden(name: str, target: str, request: pytest.FixtureRequest) -> None:
+    src, shapes = DEFS[name]
+    k = tc.define(src)
+    args = [np.zeros(s, np.float32) for s in shapes]
+    low = k.lowered(*args, target=preset(target))
+    stages = {"schedule": tree_text(low.final), "loops": str(low.ir), "c": low.source.text}
+    accept = request.config.getoption("--accept-golden")
+    for stage, text in stages.items():
+        path = GOLDEN / f"{name}.{target}.{stage}.txt"
+        if accept:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+            continue
+        assert path.exists(), f"no golden file {path.name}: run pytest {__file__} --accept-golden"
+        assert text == path.read_text(), f"{path.name} changed: review, then rerun with --accept-golden"
