@@ -91,10 +91,17 @@ static inline long tc_chunk(long trips) {
 _SIMD_ABI = {"avx512": "e", "avx2": "d", "sse2": "b"}
 
 
+def _simd_letter(target: CpuTarget) -> str | None:
+    """The vector-function ABI's ISA letter of ``target`` (generic 16-byte vectors on x86-64 are SSE's)."""
+    if target.isa == "generic" and target.arch == "x86_64" and target.vector_bytes == 16:
+        return "b"
+    return _SIMD_ABI.get(target.isa)
+
+
 def vector_exp(target: CpuTarget) -> str:
     """``TC_EXPF``: float32 exp in `omp simd` loops, through a vector variant that runs the vector
     layer's ``tc_vf_exp`` (codegen.vecisa), or libm's expf where the target has none."""
-    letter = _SIMD_ABI[target.isa]
+    letter = _simd_letter(target)
     lanes = target.lanes("float32")
     return f"""#if TC_VEC_ISA && defined(__GNUC__) && !defined(__clang__)
 #pragma omp declare simd notinbranch simdlen({lanes})
@@ -200,7 +207,7 @@ class _Emitter:
         if self.vector_math:
             w.raw(vector_math_decls())
         uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
-        self.vector_code = self.vectorize and uses_exp and self.target.isa in _SIMD_ABI
+        self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
         self.transposes = {id(n): tp for n in walk(ir.body) if isinstance(n, LFor) and self.vectorize
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
