@@ -207,7 +207,8 @@ class _Emitter:
         if self.vector_math:
             w.raw(vector_math_decls())
         uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
-        self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None
+        self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None and \
+            "exp" not in vectile.libmvec_calls(self)
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
         self.transposes = {id(n): tp for n in walk(ir.body) if isinstance(n, LFor) and self.vectorize
                            and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
