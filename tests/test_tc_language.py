@@ -323,3 +323,21 @@ def test_indices_named_like_builtins() -> None:
         np.testing.assert_array_equal(k(a), want)
     with pytest.raises(TcSemanticError, match="'j0' is a function"):
         tc.define("def f(float(N) A) -> (B) { B(i) = A(i) * j0 }")
+
+
+@pytest.mark.cpu
+def test_autotune_a_def_that_updates_its_output(tmp_path: Path) -> None:
+    """The tuner runs the reference and every candidate from zeroed outputs; the tuned kernel then
+    still updates the caller's out= in place."""
+    from tcdsl.tuner.cache import TuningCache
+
+    k = tc.define("def mm(float(M, K) A, float(K, N) B) -> (C) { C(i, j) += A(i, k) * B(k, j) }")
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((24, 16)).astype(np.float32), rng.standard_normal((16, 20)).astype(np.float32)
+    result = k.autotune(a, b, generations=1, population=3, budget=20, progress=False,
+                        cache=TuningCache(str(tmp_path / "tuning.sqlite")))
+    assert result.rejected == [] and np.isfinite(result.time_s)
+    c0 = rng.standard_normal((24, 20)).astype(np.float32)
+    c = c0.copy()
+    k(a, b, out=c)
+    assert_close(c, c0.astype(np.float64) + a.astype(np.float64) @ b, terms=17)

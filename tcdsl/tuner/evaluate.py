@@ -98,17 +98,33 @@ def _flush(buf: np.ndarray) -> None:
     buf.sum()  # reads every line: the caches then hold none of the kernel's data, and nothing dirty
 
 
+def start_outputs(kernel: Any, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
+    """``out=`` for a def that updates its outputs in place (``CheckedDef.accumulates``): zeros, so
+    that the reference and every candidate start from the same values; nothing for other defs."""
+    c = kernel.checked
+    if not c.accumulates:
+        return {}
+    inst = kernel.instance(*inputs)
+    outs = [np.zeros(inst.shapes[t.name], dtype=t.dtype) for t in c.outputs]
+    return {"out": outs if len(outs) > 1 else outs[0]}
+
+
 def time_candidate(kernel: Any, inputs: list[np.ndarray], options: MappingOptions, reps: int,
                    flush: np.ndarray, backend: str = "c") -> tuple[float, Any]:
     """One warm-up call (which loads the library), then the median of ``reps`` calls, each after
     the caches are flushed; returns (seconds, the warm-up call's outputs). On the GPU backends a
-    call includes its transfers and ends when the device has finished."""
-    out = kernel(*inputs, backend=backend, options=options)
+    call includes its transfers and ends when the device has finished. A def that updates its
+    outputs in place starts the warm-up call from zeros (``start_outputs``); the timed calls go on
+    updating the same buffers."""
+    start = start_outputs(kernel, inputs)
+    out = kernel(*inputs, backend=backend, options=options, **start)
+    if start:  # the timed calls go on updating these buffers: check the warm-up's values
+        out = tuple(np.array(o) for o in out) if isinstance(out, tuple) else np.array(out)
     times = []
     for _ in range(reps):
         _flush(flush)
         t0 = time.perf_counter()
-        kernel(*inputs, backend=backend, options=options)
+        kernel(*inputs, backend=backend, options=options, **start)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
 

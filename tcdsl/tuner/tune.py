@@ -30,7 +30,7 @@ from tcdsl.version import __version__
 from . import space as S
 from .cache import TuneKey, TuningCache
 from .decide import Decision, decide, sequential
-from .evaluate import Evaluator
+from .evaluate import Evaluator, start_outputs
 from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
 
 DECISION_SHARE = 0.25  # at most this share of a budget is held back for the final rounds against the defaults
@@ -178,7 +178,7 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     key = key_for(kernel, arrays, backend)
     config = GAConfig(generations=generations, population=population, crossover=crossover, mutation=mutation,
                       elites=min(elites, population - 1), patience=patience, budget_s=budget, seed=seed)
-    reference = kernel(*arrays, backend="numpy")
+    reference = kernel(*arrays, backend="numpy", **start_outputs(kernel, arrays))
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     if budget is not None:  # the search gets what the setup left
         config = replace(config, budget_s=max(0.0, deadline - time.monotonic()))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tcdsl.options import MappingOptions
-from tcdsl.tuner.evaluate import FLUSH_BYTES, WORKER_MARK, compile_candidate, kill_marked
+from tcdsl.tuner.evaluate import FLUSH_BYTES, WORKER_MARK, compile_candidate, kill_marked, start_outputs
 
 
 def _resolve(path: str) -> Callable[..., Any]:
@@ -60,7 +60,7 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
                 if backend == "c":
                     kernel.compiled(*inputs, options=options)
                 else:  # lowered, built and run once
-                    kernel(*inputs, backend=backend, options=options)
+                    kernel(*inputs, backend=backend, options=options, **start_outputs(kernel, inputs))
                 replies.send(("ok",))
             elif msg[0] == "time":
                 options = MappingOptions.from_json(msg[1])
