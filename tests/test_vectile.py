@@ -34,9 +34,13 @@ def _runnable(name: str) -> bool:
 
 
 TARGET_NAMES = [n for n in ("avx512", "avx2", "sse2", "generic", "neon") if _runnable(n)]
+NATIVE = toolchain.native_target(tuple(toolchain.compiler())).isa
+# the machine's own ISA and AVX2 run by default; the narrower 16-byte targets are a slow sweep
+# (--run-slow), with a smoke test of their own below
+TARGETS = [pytest.param(n, marks=() if n in (NATIVE, "avx2") else pytest.mark.slow) for n in TARGET_NAMES]
 
 
-@pytest.fixture(params=TARGET_NAMES)
+@pytest.fixture(params=TARGETS)
 def target(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> cputarget.CpuTarget:
     """Each CPU target this machine can run, selected through TCDSL_CPU."""
     monkeypatch.setenv("TCDSL_CPU", request.param)
@@ -114,6 +118,20 @@ def _built_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str, src:
     assert toolchain.BUILDS == before + 1  # a build of its own, not the library from the cache
     monkeypatch.undo()
     return out
+
+
+@pytest.mark.parametrize("name", [n for n in TARGET_NAMES if n not in (NATIVE, "avx2")])
+def test_sixteen_byte_targets(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSE2 and generic vector extensions (their full sweep is slow): a matmul tile and the conv tile
+    with overlapping vectors against numpy and the scalar code."""
+    monkeypatch.setenv("TCDSL_CPU", name)
+    for case in (CASES[0], CASES[1]):
+        got, src, args = _run(case)
+        assert f"explicit vectors for {name}" in src and "tc_vf_zero()" in src
+        scalar, _, _ = _run(case, vectorize=False)
+        terms, sum_abs = case[6]
+        assert_close(got, case[4](*args), terms=terms, scale=abs_terms(sum_abs, *args))
+        assert_close(scalar, case[4](*args), terms=terms, scale=abs_terms(sum_abs, *args))
 
 
 def test_fallback_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
