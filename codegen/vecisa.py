@@ -150,47 +150,38 @@ static inline void tc_vd_store(double *p, tc_vd v) {{ __builtin_memcpy(p, &v, si
 """
 
 
-# float32 exp: 2^k * p(r), k = round(x / ln 2), r = x - k ln 2 in two parts, Cephes' polynomial
-_EXP_AVX512 = r"""static inline __attribute__((always_inline)) tc_vf tc_vf_exp(tc_vf x) {
-  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
-  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  __m512 y = _mm512_scalef_ps(p, k);  /* subnormal results included */
+# float32 exp: 2^k * p(r), k = round(x / ln 2), r = x - k ln 2 in two parts, Cephes' polynomial;
+# the steps up to p(r) in AVX-512's or AVX2's intrinsics (``@`` is _mm512 or _mm256)
+_EXP_POLY = r"""static inline __attribute__((always_inline)) tc_vf tc_vf_exp(tc_vf x) {
+  tc_vf xc = @_min_ps(@_max_ps(x, @_set1_ps(-104.0f)), @_set1_ps(89.0f));
+  tc_vf k = @ROUND(@_mul_ps(xc, @_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  tc_vf r = @_fnmadd_ps(k, @_set1_ps(0.693359375f), xc);
+  r = @_fnmadd_ps(k, @_set1_ps(-2.12194440e-4f), r);
+  tc_vf p = @_set1_ps(1.9875691500e-4f);
+  p = @_fmadd_ps(p, r, @_set1_ps(1.3981999507e-3f));
+  p = @_fmadd_ps(p, r, @_set1_ps(8.3334519073e-3f));
+  p = @_fmadd_ps(p, r, @_set1_ps(4.1665795894e-2f));
+  p = @_fmadd_ps(p, r, @_set1_ps(1.6666665459e-1f));
+  p = @_fmadd_ps(p, r, @_set1_ps(5.0000001201e-1f));
+  p = @_add_ps(@_fmadd_ps(p, @_mul_ps(r, r), r), @_set1_ps(1.0f));
+"""
+
+_EXP_AVX512 = (_EXP_POLY.replace("@ROUND", "@_roundscale_ps").replace("@", "_mm512")
+               + r"""  __m512 y = _mm512_scalef_ps(p, k);  /* subnormal results included */
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
-}"""
+}""")
 
 # AVX2 has no scalef: 2^k is two normal powers of two, 2^(k >> 1) * 2^(k - (k >> 1)), so that
 # results down to the subnormals (k = -150) round once, in the last multiply
-_EXP_AVX2 = r"""static inline __attribute__((always_inline)) tc_vf tc_vf_exp(tc_vf x) {
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
-  __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  __m256i ki = _mm256_cvtps_epi32(k);
+_EXP_AVX2 = (_EXP_POLY.replace("@ROUND", "@_round_ps").replace("@", "_mm256")
+             + r"""  __m256i ki = _mm256_cvtps_epi32(k);
   __m256i k1 = _mm256_srai_epi32(ki, 1);
   __m256i k2 = _mm256_sub_epi32(ki, k1);
   __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
   __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
   __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN stays NaN */
-}"""
+}""")
 
 # elsewhere (SSE2, NEON, generic vectors) the same steps in vector extensions: k rounded by adding
 # and subtracting 1.5 * 2^23, 2^k from the exponent bits in two halves as on AVX2
