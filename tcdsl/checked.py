@@ -110,6 +110,19 @@ def wrap(v: int, dtype: str) -> int:
     return v - (1 << bits) if not T.is_unsigned(dtype) and v >> (bits - 1) else v
 
 
+def operands(e: TExpr) -> tuple[TExpr, ...]:
+    """The direct operands of ``e``, in evaluation order (a read's subscripts are not operands)."""
+    if isinstance(e, (Unop, Convert)):
+        return (e.arg,)
+    if isinstance(e, Binop):
+        return (e.lhs, e.rhs)
+    if isinstance(e, Select):
+        return (e.cond, e.then, e.other)
+    if isinstance(e, Call):
+        return tuple(e.args)
+    return ()
+
+
 def reads(e: TExpr) -> list[Read]:
     """Every tensor read in ``e``, gathers' inner reads included, in evaluation order."""
     out: list[Read] = []
@@ -120,18 +133,8 @@ def reads(e: TExpr) -> list[Read]:
                 if isinstance(s, TExpr):
                     walk(s)
             out.append(x)
-        elif isinstance(x, (Unop, Convert)):
-            walk(x.arg)
-        elif isinstance(x, Binop):
-            walk(x.lhs)
-            walk(x.rhs)
-        elif isinstance(x, Select):
-            walk(x.cond)
-            walk(x.then)
-            walk(x.other)
-        elif isinstance(x, Call):
-            for a in x.args:
-                walk(a)
+        for o in operands(x):
+            walk(o)
 
     walk(e)
     return out

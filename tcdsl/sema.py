@@ -31,6 +31,7 @@ from .checked import (
     TExpr,
     Unop,
     convert,
+    operands,
 )
 from .errors import TcRangeError, TcSemanticError, TcTypeError
 from .printer import definition as print_def
@@ -672,21 +673,11 @@ def _divides_by_variable(e: TExpr) -> bool:
     """Whether ``e`` holds an integer ``/`` or ``%`` whose divisor is not a constant (a size, an
     index, an expression of them): such a subscript is a non-affine read, bounds-checked at run
     time like a gather."""
-    todo = [e]
-    while todo:
-        x = todo.pop()
-        if isinstance(x, Binop):
-            divisor = x.rhs.arg if isinstance(x.rhs, Convert) else x.rhs
-            if x.op in ("/", "%") and T.is_int(x.dtype) and not isinstance(divisor, Const):
-                return True
-            todo += [x.lhs, x.rhs]
-        elif isinstance(x, (Unop, Convert)):
-            todo.append(x.arg)
-        elif isinstance(x, Select):
-            todo += [x.cond, x.then, x.other]
-        elif isinstance(x, Call):
-            todo += list(x.args)
-    return False
+    if isinstance(e, Binop) and e.op in ("/", "%") and T.is_int(e.dtype):
+        divisor = e.rhs.arg if isinstance(e.rhs, Convert) else e.rhs
+        if not isinstance(divisor, Const):
+            return True
+    return any(_divides_by_variable(x) for x in operands(e))
 
 
 def _index_vals(e: TExpr) -> list[str]:
@@ -697,26 +688,9 @@ def _index_vals(e: TExpr) -> list[str]:
         x = todo.pop()
         if isinstance(x, IndexVal):
             out.append(x.name)
-        elif isinstance(x, Binop):
-            todo += [x.rhs, x.lhs]
-        elif isinstance(x, (Unop, Convert)):
-            todo.append(x.arg)
-        elif isinstance(x, Select):
-            todo += [x.other, x.then, x.cond]
-        elif isinstance(x, Call):
-            todo += reversed(x.args)
+        todo += reversed(operands(x))
     return list(dict.fromkeys(out))
 
 
 def _contains_read(e: TExpr) -> bool:
-    if isinstance(e, Read):
-        return True
-    if isinstance(e, (Unop, Convert)):
-        return _contains_read(e.arg)
-    if isinstance(e, Binop):
-        return _contains_read(e.lhs) or _contains_read(e.rhs)
-    if isinstance(e, Select):
-        return any(_contains_read(x) for x in (e.cond, e.then, e.other))
-    if isinstance(e, Call):
-        return any(_contains_read(x) for x in e.args)
-    return False
+    return isinstance(e, Read) or any(_contains_read(x) for x in operands(e))
