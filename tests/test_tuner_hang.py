@@ -143,7 +143,12 @@ def tune(tmp_path: Path, **settings: Any) -> tuple[TuneResult, float]:
 def test_the_survivor_check_sees_a_marked_process(faulty_cc: FaultyCC):
     proc = subprocess.Popen(["sleep", "30"], env=dict(os.environ))
     try:
-        assert proc.pid in faulty_cc.survivors(wait_s=0)
+        # Between fork and exec the child's /proc environ is still the parent's start-up one,
+        # without the mark: wait for the exec rather than look once.
+        end = time.monotonic() + 10.0
+        while proc.pid not in faulty_cc.marked() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert proc.pid in faulty_cc.marked()
     finally:
         proc.kill()
         proc.wait()
