@@ -20,12 +20,30 @@ from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
 from tcdsl.builtins import BUILTINS
 from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from tcdsl.instance import fully_written
-from tcdsl.polyhedral.cputarget import GENERIC, CpuTarget
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, expr_vars, trip_count, walk
+from tcdsl.polyhedral.cputarget import CpuTarget
+from tcdsl.polyhedral.loopir import (
+    LAccum,
+    LCall,
+    LDecl,
+    LExpr,
+    LFor,
+    LIf,
+    LInt,
+    LNode,
+    LoopIR,
+    LOp,
+    LReset,
+    LTile,
+    LTranspose,
+    LVar,
+    trip_count,
+    walk,
+)
 from tcdsl.polyhedral.scop import Scop
 from tcdsl.printer import stmt as print_stmt
 
-from . import contract, memshare, regtile, transpose, vecisa, vecloop, vectile
+from . import memshare, transpose, vecisa, vecloop, vectile
+from .facts import Facts
 from .writer import LineWriter
 
 CTYPE = {
@@ -155,53 +173,36 @@ class CSource:
         return self.text
 
 
-SMALL_INNER = 4  # a window reduction this short may run inside the vectorised loop (see _interleaved)
-COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
-
-
 def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], target: CpuTarget, fn: str = "tc_kernel",
-         vectorize: bool = True, vector_math: bool = False, unroll: int = 0) -> CSource:
-    """C source for ``ir`` on ``target``; ``strides`` gives each tensor's element strides;
-    ``vector_math`` declares libmvec's SIMD math functions (see ``toolchain.has_vector_math``)."""
-    return _Emitter(scop, strides, fn, vectorize, vector_math, unroll, target).run(ir)
+         vectorize: bool = True, vector_math: bool = False) -> CSource:
+    """C source for ``ir`` after the lowering passes (codegen.lower) on ``target``; ``strides``
+    gives each tensor's element strides; ``vector_math`` declares libmvec's SIMD math functions
+    (see ``toolchain.has_vector_math``)."""
+    return _Emitter(scop, strides, fn, vectorize, vector_math, 0, target).run(ir)
 
 
-class _Emitter:
+class _Emitter(Facts):
     ITYPE = "long"  # loop iterators and statement indices
-    IDENTITY_STARTS = True  # register tiles that run whole reductions start at the identity
-    VECTOR_TILES = True  # register tiles and pointwise loops in the target's explicit vectors where they have that form
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
     TARGET = "c"  # whose builtin spellings (tcdsl.builtins) this emitter prints
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
                  vector_math: bool, unroll: int = 0, target: CpuTarget | None = None) -> None:
-        self.scop = scop
-        self.target = target or GENERIC
-        self.unroll = unroll
-        self.vectorize = vectorize
-        self.vector_math = vector_math and vectorize
-        self.c = scop.inst.checked
-        self.strides = strides
+        super().__init__(scop, strides, target, vectorize, vector_math, unroll)
         self.fn = fn
-        tensors = (*self.c.inputs, *self.c.outputs, *self.c.temps)
-        self.order = tuple(t.name for t in tensors)
-        self.var = {t.name: f"t{i}" for i, t in enumerate(tensors)}
-        self.tensors = {t.name: t for t in tensors}
-        self.shapes = scop.inst.shapes
+        self.var = {name: f"t{i}" for i, name in enumerate(self.order)}
         self.sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
         self.errors: list[ErrorSite] = []
-        self.scalars: dict[str, str] = {}  # contracted temporaries -> their C scalar
-        self.hoisted: dict[int, str] = {}  # id(Read) -> a constant loaded before the current loop
-        self.hoist_count = 0
+        self.scalars: dict[str, str] = {}  # contracted temporaries in scope -> their C scalar
         self.vector_code = False  # explicit vector code written (vectile, vecloop)
         self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.mathlib function, type) the kernel calls
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
         w = self.w
-        self.contracted = contract.contractible(ir, self.scop)
-        self.rows = contract.row_buffers(ir, self.scop, set(self.contracted))
-        self.in_memory = set(self.order) - set(self.contracted) - set(self.rows)
+        decls = [n for n in walk(ir.body) if isinstance(n, LDecl)]
+        self.contracted = {d.tensor for d in decls if d.kind == "scalar"}
+        self.rows = {d.tensor: d.fixed for d in decls if d.kind == "row"}
         w.raw(PRELUDE)
         vector_prelude = w.mark()  # codegen.vecisa's layer goes here if any vector code is written
         if self.vector_math:
@@ -210,12 +211,9 @@ class _Emitter:
         self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None and \
             "exp" not in vectile.libmvec_calls(self)
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
-        self.transposes = {id(n): tp for n in walk(ir.body) if isinstance(n, LFor) and self.vectorize
-                           and (tp := transpose.match(n, self.scop, self.c, self.strides, self.in_memory))}
-        if self.transposes:
+        if any(isinstance(n, LTranspose) for n in walk(ir.body)):
             w.raw(transpose.HELPER)
         library = w.mark()  # the tcdsl.mathlib functions the kernel calls go here
-        self.identity_start = regtile.identity_starts(ir.body, self.scop, self.c) if self.IDENTITY_STARTS else set()
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "
@@ -227,23 +225,12 @@ class _Emitter:
             params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
         params.append("long *restrict tc_err")
         w.line(f"int {self.fn}({', '.join(params)}) {{")
-        owners = memshare.share(ir, self.scop, set(self.contracted) | set(self.rows))
-        resets: dict[int, list[str]] = {}
+        temps = {t.name for t in self.c.temps}
+        owners = {name: name for name in self.in_memory & temps} | dict(ir.owners)
         for name, owner in owners.items():
-            if owner != name:
-                self.var[name] = self.var[owner]
-                if not fully_written(self.scop.inst, name):
-                    resets.setdefault(memshare.first_use(ir, self.scop, name), []).append(name)
+            self.var[name] = self.var[owner]
         with w.indent():
-            self._declare_scalars(ir.body)
-            for pos, n in enumerate(ir.body):
-                if self._elided(n):
-                    continue
-                for name in resets.get(pos, []):
-                    size = memshare.elements(self.shapes[name])
-                    w.line(f"memset({self.var[name]}, 0, {size}L * sizeof({CTYPE[self.tensors[name].dtype]}));  "
-                           f"// temporary {name} reuses the buffer of {owners[name]}")
-                self._node(n)
+            self._body(ir.body)
             w.line("return (int)tc_err[0];")
         w.line("}")
         if self.mathlib:
@@ -257,65 +244,58 @@ class _Emitter:
                        tuple(sorted({*self.contracted, *self.rows})),
                        tuple(sorted((n, o) for n, o in owners.items() if n != o)), tuple(sorted(sizes.items())))
 
-    def _elided(self, n: LNode) -> bool:
-        """A top-level nest of initialisations that the register tiles make redundant."""
-        names = {x.stmt for x in walk((n,)) if isinstance(x, LCall)}
-        return bool(names) and all(name.startswith("init") and int(name[4:]) in self.identity_start
-                                   for name in names)
-
     def _body(self, body: tuple[LNode, ...]) -> None:
-        self._declare_scalars(body)
         for n in body:
             self._node(n)
 
-    def _declare_scalars(self, body: tuple[LNode, ...]) -> None:
-        for name, (where, fixed) in self.rows.items():
-            if where == id(body):
-                size = memshare.elements(tuple(n for d, n in enumerate(self.shapes[name]) if d not in fixed))
-                var = f"r{self.order.index(name)}"
-                self.w.line(f"{CTYPE[self.tensors[name].dtype]} {var}[{size}];  // temporary {name}: the slice "
-                            f"this iteration uses")
-                if not fully_written(self.scop.inst, name):
-                    self.w.line(f"memset({var}, 0, sizeof {var});")
-        for name, where in self.contracted.items():
-            if where == id(body):
-                self.scalars[name] = f"s{self.order.index(name)}"
-                self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
-                            f"contracted to a scalar")
+    def _decl(self, d: LDecl) -> None:
+        name = d.tensor
+        if d.kind == "row":
+            size = memshare.elements(tuple(n for k, n in enumerate(self.shapes[name]) if k not in d.fixed))
+            var = f"r{self.order.index(name)}"
+            self.w.line(f"{CTYPE[self.tensors[name].dtype]} {var}[{size}];  // temporary {name}: the slice "
+                        f"this iteration uses")
+            if not fully_written(self.scop.inst, name):
+                self.w.line(f"memset({var}, 0, sizeof {var});")
+        else:
+            self.scalars[name] = f"s{self.order.index(name)}"
+            self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
+                        f"contracted to a scalar")
+
+    def _reset(self, r: LReset) -> None:
+        size = memshare.elements(self.shapes[r.tensor])
+        self.w.line(f"memset({self.var[r.tensor]}, 0, {size}L * sizeof({CTYPE[self.tensors[r.tensor].dtype]}));  "
+                    f"// temporary {r.tensor} reuses the buffer of {r.owner}")
 
     # ---- loops ----
     def _node(self, n: LNode) -> None:
         w = self.w
-        if isinstance(n, LFor):
-            tp = self._transpose_of(n)
-            if tp is not None:
-                self._transpose(tp)
-                return
-            rt = regtile.match(n, self.scop, self.c)
-            if rt is not None:
-                self._register_tile(rt)
-                return
-        if isinstance(n, LFor) and self._accumulate(n):
-            return
-        if isinstance(n, LFor):
-            hoisted = self._hoist(n) if n.simd else {}
+        if isinstance(n, LTranspose):
+            self._transpose(n)
+        elif isinstance(n, LTile):
+            self._register_tile(n)
+        elif isinstance(n, LAccum):
+            self._accumulate(n)
+        elif isinstance(n, LDecl):
+            self._decl(n)
+        elif isinstance(n, LReset):
+            self._reset(n)
+        elif isinstance(n, LFor):
+            hoisted = self._hoist(n)
             self.hoisted.update(hoisted)
-            vl = vecloop.plan(self, n)
+            vl = n.vector
             if vl is not None:
                 self.vector_code = True
                 w.line("#if TC_VEC")
                 vecloop.emit(self, vl)
                 w.line("#else")
             if n.omp:
-                collapsed = self._collapsible(n)
-                collapse = " collapse(2)" if collapsed else ""
-                w.line(f"#pragma omp parallel for {_schedule(n, collapsed)}{collapse}")
+                collapse = " collapse(2)" if n.collapse else ""
+                w.line(f"#pragma omp parallel for {_schedule(n)}{collapse}")
             elif n.simd:
                 w.line("#pragma omp simd")
-            trips = regtile.trip_bound(n)
-            if self.unroll and trips is not None and trips <= self.unroll and not n.omp and not n.simd \
-                    and not any(isinstance(b, LFor) for b in n.body):
-                w.line(f"#pragma GCC unroll {trips}")
+            if n.unroll:
+                w.line(f"#pragma GCC unroll {n.unroll}")
             cond = _top(self._lexpr(n.cond))
             w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {cond}; {n.var} += {n.step}) {{")
             with w.indent():
@@ -337,25 +317,7 @@ class _Emitter:
         elif isinstance(n, LCall):
             self._call(n)
 
-    def _collapsible(self, n: LFor) -> bool:
-        """Whether the parallel loop ``n`` shares its threads with the parallel loop inside it: ``n``
-        has few iterations (three 48-row tiles of a 128-row product left one of two threads idle a
-        third of the time), and the nest is perfect and rectangular, as `collapse(2)` requires."""
-        trips = trip_count(n)
-        if trips is None or trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
-            return False
-        m = n.body[0]
-        return (m.parallel and not m.simd and not m.omp and m.step > 0
-                and n.var not in expr_vars(m.init) | expr_vars(m.cond)
-                and any(isinstance(b, LFor) for b in m.body)  # no unroll pragma on m
-                and self._transpose_of(m) is None
-                and not any(where == id(n.body) for where in self.contracted.values())
-                and not any(where == id(n.body) for where, _ in self.rows.values()))
-
-    def _transpose_of(self, n: LNode) -> transpose.Transpose | None:
-        return self.transposes.get(id(n))
-
-    def _transpose(self, tp: transpose.Transpose) -> None:
+    def _transpose(self, tp: LTranspose) -> None:
         """A copy nest moved through registers in 8x8 blocks (see codegen.transpose): one call for
         the whole rectangle, or, where the outer loop is the parallel one, one per eight rows."""
         p, q = tp.outer, tp.inner
@@ -375,7 +337,7 @@ class _Emitter:
         bound = _top(self._lexpr(f.cond.args[1]))
         return f"({bound})" if f.cond.op == "<=" else f"({bound} - 1)"
 
-    def _transpose_rect(self, tp: transpose.Transpose, p: LFor | None, q: LFor, rows: str) -> None:
+    def _transpose_rect(self, tp: LTranspose, p: LFor | None, q: LFor, rows: str) -> None:
         """``tc_transpose_rect`` from the first iteration of ``p`` (None: its current one) and of
         ``q``: ``rows`` target rows, all of ``q``'s columns."""
         w = self.w
@@ -400,7 +362,7 @@ class _Emitter:
                    f"{self._inclusive_bound(q)} - {q.var} + 1, {stream});")
         w.line("}")
 
-    def _register_tile(self, rt: regtile.RegisterTile) -> None:
+    def _register_tile(self, rt: LTile) -> None:
         """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile)."""
         st = self.scop.stmt(rt.call.stmt)
         s = self.scop.tc_statement(st.name)
@@ -414,24 +376,24 @@ class _Emitter:
         w.line(f"{{  // statement {s.number}: a {'x'.join(map(str, rt.extents))} register tile of {s.tensor} "
                f"across {rt.loop.var}")
         with w.indent():
-            inside = self._interleaved(rt, s, args)
-            vt = vectile.plan(self, rt) if self.VECTOR_TILES and inside is None else None
+            inside = next((f for f in rt.serial if f.var == rt.inside), None) if rt.inside else None
+            vt = rt.vector
             self.vector_code |= vt is not None
             if vt is not None and vt.full:  # partial tiles take the scalar tile
                 w.line("#if TC_VEC")
-                w.line(f"if ({' && '.join(vt.full)}) {{")
+                w.line(f"if ({' && '.join(_top(self._lexpr(x)) for x in vt.full)}) {{")
                 with w.indent():
-                    vectile.emit(self, vt, s.number in self.identity_start)
+                    vectile.emit(self, vt, rt.identity)
                 w.line("} else")
                 w.line("#endif")
                 w.line("{")
                 w.push()
             elif vt is not None:
                 w.line("#if TC_VEC")
-                vectile.emit(self, vt, s.number in self.identity_start)
+                vectile.emit(self, vt, rt.identity)
                 w.line("#else")
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
-            if s.number in self.identity_start:  # the tile runs the whole reduction: no load, no init nest
+            if rt.identity:  # the tile runs the whole reduction: no load, no init nest
                 self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
             else:
                 self._tile_loops(rt, f"{acc} = {target};")
@@ -452,26 +414,7 @@ class _Emitter:
                 w.line("#endif")
         w.line("}")
 
-    def _interleaved(self, rt: regtile.RegisterTile, s: Statement, args: dict[str, LExpr]) -> LFor | None:
-        """The short innermost reduction loop of a window read with a stride (maxpool's
-        ``I(.., 2*w + r_kw)``), to run inside the vectorised tile loop: with both window points in
-        one iteration, GCC loads whole vectors and deinterleaves them instead of gathering."""
-        last, inner = rt.serial[-1], rt.inner[-1]
-        trips = trip_count(last)
-        if trips is None or trips > SMALL_INNER or not (inner.parallel and self.vectorize):
-            return None
-        w = next((i for i, a in args.items() if a == LVar(inner.var)), None)
-        k = next((i for i, a in args.items() if a == LVar(last.var)), None)
-        if w is None or k is None:
-            return None
-        vw, vk = Var(w, "index"), Var(k, "index")
-        for r in reads(s.rhs):
-            for sub in r.subs:
-                if isinstance(sub, Sym) and abs(sub.coeff(vw)) >= 2 and sub.coeff(vk) != 0:
-                    return last
-        return None
-
-    def _tile_loops(self, rt: regtile.RegisterTile, copy: str | None, acc: str = "",
+    def _tile_loops(self, rt: LTile, copy: str | None, acc: str = "",
                     inside: LFor | None = None) -> None:
         """The tile loops of ``rt`` around ``copy`` (a load or store of the tile), or around the
         statement updating ``acc`` (unrolled outer loops, vectorised innermost loop)."""
@@ -495,7 +438,7 @@ class _Emitter:
                 body()
                 return
             f = rt.inner[k]
-            simd = k == len(rt.inner) - 1 and f.parallel and self.vectorize
+            simd = k == len(rt.inner) - 1 and rt.simd
             for lo, hi in self._vector_segments(f, rt) if simd else [(None, None)]:
                 if simd:
                     w.line("#pragma omp simd")
@@ -511,7 +454,7 @@ class _Emitter:
 
         nest(0)
 
-    def _vector_segments(self, f: LFor, rt: regtile.RegisterTile) -> list[tuple[str | None, str | None]]:
+    def _vector_segments(self, f: LFor, rt: LTile) -> list[tuple[str | None, str | None]]:
         """A vectorised tile loop whose constant trip count is not a whole number of vectors runs
         as two loops, the whole vectors then the rest: GCC then keeps each part of the tile in
         registers (group conv's 26-wide rows: 98 -> 78 ms on one thread)."""
@@ -525,49 +468,28 @@ class _Emitter:
         return [(str(lo), str(cut)), (str(cut), str(lo + trips))]
 
     def _hoist(self, n: LFor) -> dict[int, str]:
-        """Load the reads that do not move with loop ``n`` once, before it, into constants (GCC
-        cannot prove them invariant inside OpenMP regions, which blocks vectorisation).
-        Returns ``id(Read) -> local name``; emits the loads."""
-        calls = [b for b in n.body if isinstance(b, LCall)]
-        if len(calls) != len(n.body):
-            return {}
-        written = {self.scop.tc_statement(c.stmt).tensor for c in calls}
+        """The loads of the reads the hoist pass moved before loop ``n``; ``id(Read) -> local``."""
         out: dict[int, str] = {}
-        for call in calls:
+        for name, k, pos in n.hoist:
+            call = n.body[k]
+            assert isinstance(call, LCall)
             st = self.scop.stmt(call.stmt)
-            if st.kind != "update":
-                continue
-            s = self.scop.tc_statement(st.name)
+            r = reads(self.scop.tc_statement(st.name).rhs)[pos]
             args = dict(zip(st.indices, call.args))
-            for r in reads(s.rhs):
-                if id(r) in out or r.tensor in written or r.conditional or r.tensor in self.scalars:
-                    continue
-                if not all(isinstance(x, Sym) for x in r.subs):
-                    continue
-                names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
-                if any(n.var in expr_vars(args[i]) for i in names):
-                    continue
-                env = {i: f"({_top(self._lexpr(args[i]))})" for i in names}
-                name = f"h{self.hoist_count}"
-                self.hoist_count += 1
-                self.w.line(f"const {CTYPE[r.dtype]} {name} = "
-                            f"{self._access(r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)), env)};")
-                out[id(r)] = name
+            names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
+            env = {i: f"({_top(self._lexpr(args[i]))})" for i in names}
+            self.w.line(f"const {CTYPE[r.dtype]} {name} = "
+                        f"{self._access(r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)), env)};")
+            out[id(r)] = name
         return out
 
-    def _accumulate(self, n: LFor) -> bool:
-        """An innermost reduction loop into one element: keep the element in a local accumulator
-        (in a register), and let OpenMP vectorise the sum or product as a reduction."""
-        if len(n.body) != 1 or not isinstance(n.body[0], LCall):
-            return False
-        call = n.body[0]
+    def _accumulate(self, a: LAccum) -> None:
+        """An innermost reduction loop into one element: the element in a local accumulator (in a
+        register); as an `omp simd` reduction where the vectorise pass says so."""
+        n, call = a.loop, a.call
         st = self.scop.stmt(call.stmt)
         s = self.scop.tc_statement(st.name)
-        if st.kind != "update" or s.op == "=":
-            return False
         args = dict(zip(st.indices, call.args))
-        if any(n.var in expr_vars(args[i]) for i in s.lhs):
-            return False
         t = self.tensors[s.tensor]
         ctype = CTYPE[t.dtype]
         w = self.w
@@ -576,7 +498,7 @@ class _Emitter:
             outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
             target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
             w.line(f"{ctype} acc = {target};")
-            simd = self.vectorize and t.dtype not in ("float16", "bool")
+            simd = a.simd
             minmax = simd and s.op in ("min", "max")
             floating = T.is_float(t.dtype)
             if minmax and floating:
@@ -591,7 +513,6 @@ class _Emitter:
             w.line("}")
             w.line(f"{target} = {'nan ? NAN : acc' if minmax and floating else 'acc'};")
         w.line("}")
-        return True
 
     def _lexpr(self, e: LExpr) -> str:
         if isinstance(e, LInt):
@@ -677,7 +598,7 @@ class _Emitter:
 
     def _row_access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
                     checked: list[str] | None) -> str:
-        fixed = self.rows[tensor][1]
+        fixed = self.rows[tensor]
         shape = self.shapes[tensor]
         terms, stride = [], 1
         for d in reversed(range(len(subs))):
@@ -857,13 +778,13 @@ def _literal(v: object, ctype: str) -> str:
     return f"(({ctype}){iv})" if ctype not in ("int32_t",) else (str(iv) if iv >= 0 else f"({iv})")
 
 
-def _schedule(n: LFor, collapsed: bool) -> str:
+def _schedule(n: LFor) -> str:
     """The schedule clause of parallel loop ``n`` (and, collapsed, of the loop inside it): chunks
     handed out dynamically where the iteration count is known (on a machine shared with other
     work, a static split waits for its slowest thread: softmax 2.5 -> 1.8 ms median with another
     process on one of two cores), static otherwise."""
     trips = trip_count(n)
-    if trips is not None and collapsed:
+    if trips is not None and n.collapse:
         inner = n.body[0]
         assert isinstance(inner, LFor)
         m = trip_count(inner)

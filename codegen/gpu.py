@@ -183,10 +183,8 @@ class _GpuEmitter(_Emitter):
         self.TARGET = dialect
         self.private_memory = private_memory
         self.unroll_copies = unroll_copies
-        self.contracted = {}
+        self.contracted = set()
         self.rows = {}
-        self.in_memory = set(self.order)
-        self.transposes = {}
         self.promoted: dict[str, tuple[str, tuple[str, ...], tuple[int, ...], int]] = {}
         self.pitches: dict[str, int] = {}
         self.held: dict[int, tuple[LCall, str]] = {}  # id(reduction loop) -> (its call, register element)

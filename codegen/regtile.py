@@ -1,4 +1,4 @@
-"""Register tiles: ``LFor -> RegisterTile | None``, the reduction nests whose target can live in a
+"""Register tiles: ``LFor -> LTile | None``, the reduction nests whose target can live in a
 small local array (held in registers) for the whole of a serial loop.
 
 The pattern is the micro-kernel of a contraction: a serial loop ``L`` (the reduction) around a
@@ -9,27 +9,16 @@ tile is then loaded once before ``L``, updated in ``acc[I1][I2]...`` and stored 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tcdsl.affine import Sym
 from tcdsl.checked import CheckedDef, Statement
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LVar, const_upper, expr_vars, walk
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LTile, LVar, const_upper, expr_vars, walk
 from tcdsl.polyhedral.loopir import trip_bound as loop_trip_bound
 from tcdsl.polyhedral.scop import Scop
 
 MAX_ELEMENTS = 512
 
 
-@dataclass(frozen=True)
-class RegisterTile:
-    loop: LFor  # the outermost serial (reduction) loop
-    serial: tuple[LFor, ...]  # the serial loops, outermost first (``loop`` included)
-    inner: tuple[LFor, ...]  # the tile loops, outermost first
-    call: LCall
-    extents: tuple[int, ...]  # the bound on each tile loop's trip count (the acc array's shape)
-
-
-def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
+def match(n: LFor, scop: Scop, checked: CheckedDef) -> LTile | None:
     if n.parallel or len(n.body) != 1 or not isinstance(n.body[0], LFor):
         return None
     chain: list[LFor] = [n]
@@ -52,6 +41,8 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
     serial, inner = chain[:split], chain[split:]
     if not inner or len(inner) > 3 or any(f.var in lhs_vars for f in serial) or any(f.parallel for f in serial):
         return None
+    if not inner[0].tile:  # the schedule transform planned no register tile here
+        return None
     serial_vars = {f.var for f in serial}
     inner_vars = [f.var for f in inner]
     extents = []
@@ -69,7 +60,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef) -> RegisterTile | None:
         total *= e
     if total > MAX_ELEMENTS or total < 2:
         return None
-    return RegisterTile(n, tuple(serial), tuple(inner), node, tuple(extents))
+    return LTile(tuple(serial), tuple(inner), node, tuple(extents))
 
 
 def trip_bound(f: LFor) -> int | None:
@@ -94,7 +85,7 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) ->
     once less): every update of the statement sits in a register tile whose serial loops run the
     whole, rectangular reduction of each element, every element the initialisation writes is
     updated, and the initialisation has top-level nests of its own."""
-    tiles: dict[str, list[RegisterTile]] = {}
+    tiles: dict[str, list[LTile]] = {}
     calls: dict[str, int] = {}
 
     def visit(nodes: tuple[LNode, ...]) -> None:
@@ -126,7 +117,7 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) ->
     return out
 
 
-def _whole_reduction(rt: RegisterTile, scop: Scop, s: Statement) -> bool:
+def _whole_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:
     st = scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
     reductions = list(s.reductions)

@@ -1,4 +1,4 @@
-"""Blocked transposes: ``LFor -> Transpose | None``, copy nests that read memory along one loop
+"""Blocked transposes: ``LFor -> LTranspose | None``, copy nests that read memory along one loop
 and write it along the other (``O(j, i) = A(i, j)``, layout changes of any rank).
 
 Element by element, such a copy reads a new cache line at every step of its inner loop, and
@@ -13,12 +13,10 @@ that are not multiples of 8) element by element.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tcdsl.affine import Sym, Var
 from tcdsl.checked import CheckedDef, Read
 from tcdsl.dtypes import bits
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
+from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LTranspose, LVar, expr_vars, trip_count
 from tcdsl.polyhedral.scop import Scop
 
 BLOCK = 8
@@ -152,18 +150,8 @@ static __attribute__((noinline)) void tc_transpose_rect(const void *restrict a, 
 """
 
 
-@dataclass(frozen=True)
-class Transpose:
-    outer: LFor  # the loop along which the source is contiguous
-    inner: LFor  # the loop along which the target is contiguous
-    call: LCall
-    source: str  # TC tensor read
-    source_stride: int  # elements between consecutive inner-loop steps in the source
-    target_stride: int  # elements between consecutive outer-loop steps in the target
-
-
 def match(n: LFor, scop: Scop, checked: CheckedDef, strides: dict[str, tuple[int, ...]],
-          in_memory: set[str]) -> Transpose | None:
+          in_memory: set[str]) -> LTranspose | None:
     """The blocked transpose of nest ``n`` (``n`` and its only child loop around one copy), or None.
     ``in_memory``: the tensors held in their own buffers (not contracted or row-buffered)."""
     if len(n.body) != 1 or not isinstance(n.body[0], LFor):
@@ -194,7 +182,7 @@ def match(n: LFor, scop: Scop, checked: CheckedDef, strides: dict[str, tuple[int
     s_inner = _stride(src.subs, strides[src.tensor], args, inner.var)  # type: ignore[arg-type]
     if t_inner != 1 or s_outer != 1 or not t_outer or not s_inner:
         return None
-    return Transpose(n, inner, call, src.tensor, s_inner, t_outer)
+    return LTranspose(n, inner, call, src.tensor, s_inner, t_outer)
 
 
 def _rectangular(f: LFor, outer: LFor | None) -> bool:

@@ -29,6 +29,7 @@ from tcdsl.affine import Sym
 from tcdsl.checked import Statement, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
+from .facts import Facts
 from .vecisa import vector_type
 from .vectile import VECTOR_DTYPES, elem_step, plus_var, unparen, vector_expr, vexpr
 
@@ -43,8 +44,11 @@ class VectorLoop:
     lanes: int
     overlap: bool  # the last vector overlaps the one before
 
+    def __str__(self) -> str:
+        return f"{self.trips // self.lanes} x {self.lanes} lanes" + (" + 1 overlapping" if self.overlap else "")
 
-def plan(em: _Emitter, n: LFor) -> VectorLoop | None:
+
+def plan(em: Facts, n: LFor) -> VectorLoop | None:
     """The vector form of the simd loop ``n``, or None where it has none."""
     if not (em.VECTOR_TILES and em.vectorize and n.simd and not n.omp and n.step == 1 and isinstance(n.init, LInt)):
         return None

@@ -1,4 +1,4 @@
-"""Vector register tiles: ``RegisterTile -> VectorTile | None``, and the tile written in the
+"""Vector register tiles: ``LTile -> VectorTile | None``, and the tile written in the
 target's explicit vectors (codegen.vecisa: AVX-512, AVX2, SSE2, NEON or generic vector extensions).
 
 A float32 or float64 register tile (see regtile) of a ``+``, ``*``, ``max`` or ``min`` reduction
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 from tcdsl.affine import Sym, Var
 from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
-from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
+from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, trip_count
 
-from .regtile import RegisterTile
+from .facts import Facts
 from .vecisa import vector_type
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ LIBMVEC_CALLS = ("tanh", "log")
 # per element; AVX2 0.55 against 0.41, SSE2 1.31 against 0.89 ns
 
 
-def libmvec_calls(em: _Emitter) -> tuple[str, ...]:
+def libmvec_calls(em: Facts) -> tuple[str, ...]:
     """The builtins whose libmvec variant the kernel's simd loops call rather than the layer's."""
     if not em.vector_math:
         return ()
@@ -69,15 +69,19 @@ def libmvec_calls(em: _Emitter) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class VectorTile:
-    rt: RegisterTile
+    rt: LTile
     stmt: Statement
     row: str  # the statement index that runs along the vectors
     starts: tuple[int, ...]  # offsets of the vectors in a row (the last may overlap the one before)
     lanes: int  # elements per vector
-    full: tuple[str, ...] = ()  # C tests that a partial tile (``c6 <= min(5, N - c3)``) is whole this time
+    full: tuple[LExpr, ...] = ()  # tests that a partial tile (``c6 <= min(5, N - c3)``) is whole this time
+
+    def __str__(self) -> str:
+        text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
+        return text + (f", whole when {' && '.join(expr_text(x) for x in self.full)}" if self.full else "")
 
 
-def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
+def plan(em: Facts, rt: LTile) -> VectorTile | None:
     """The vector form of ``rt``, or None where the tile does not have one."""
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
@@ -120,7 +124,7 @@ def plan(em: _Emitter, rt: RegisterTile) -> VectorTile | None:
         cond = f.cond
         if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2):
             return None
-        full.append(f"{unparen(em._lexpr(cond.args[1]))} >= {_init(f) + e - (1 if cond.op == '<=' else 0)}")
+        full.append(LOp(">=", (cond.args[1], LInt(_init(f) + e - (1 if cond.op == "<=" else 0)))))
     return VectorTile(rt, s, row, starts, lanes, tuple(full))
 
 
@@ -134,7 +138,7 @@ def plus_var(e: LExpr, var: str) -> bool:
             and not any(var in expr_vars(a) for a in e.args if a != LVar(var)))
 
 
-def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
+def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
     """``e`` is reads, constants, negation, ``+``, ``-``, ``*`` and float ``max``/``min`` of the
     statement's type (float32 or float64; int32 in a tile), and each read is contiguous along the
     row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``exp`` and
@@ -166,12 +170,12 @@ def vector_expr(em: _Emitter, e: TExpr, s: Statement, row: str, loop: bool = Fal
     return False
 
 
-def elem_step(em: _Emitter, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
+def elem_step(em: Facts, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
     """Elements of ``tensor``'s buffer (its memory, or the row buffer of a temporary) between
     ``subs`` at one value of ``row`` and the next; None if not linear in ``row``."""
     v = Var(row, "index")
     if tensor in em.rows:
-        fixed, shape = em.rows[tensor][1], em.shapes[tensor]
+        fixed, shape = em.rows[tensor], em.shapes[tensor]
         strides, stride = [0] * len(shape), 1
         for d in reversed(range(len(shape))):
             if d not in fixed:

@@ -9,6 +9,7 @@ never raise (an exception there crashes isl), so errors are stashed and re-raise
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import islpy as isl
 
@@ -16,6 +17,7 @@ from tcdsl.errors import TcScheduleError
 from tcdsl.options import MappingOptions
 
 from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, walk
+from .transform import REGISTER_MARK
 
 # members whose names end in "_" (they clash with Python keywords) are missing from islpy's stubs
 _AND, _OR = getattr(isl.ast_expr_op_type, "and_"), getattr(isl.ast_expr_op_type, "or_")  # noqa: B009
@@ -140,7 +142,10 @@ def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
         args = tuple(_expr(call.get_op_arg(i)) for i in range(1, call.get_op_n_arg()))
         return [LCall(name, args)]
     if t == isl.ast_node_type.mark:
-        return _node(n.mark_get_node(), notes)
+        inner = _node(n.mark_get_node(), notes)
+        if n.mark_get_id().get_name() == REGISTER_MARK and len(inner) == 1 and isinstance(inner[0], LFor):
+            return [replace(inner[0], tile=True)]
+        return inner
     raise TcScheduleError(f"unexpected isl AST node type {t}")
 
 
@@ -175,7 +180,7 @@ def _mark(nodes: list[LNode] | tuple[LNode, ...], options: MappingOptions, omp_a
             omp = omp_allowed and n.parallel and depth >= options.parallel_depth and not innermost_trivial(n)
             body = _mark(n.body, options, omp_allowed and not omp, depth + (1 if n.parallel else 0))
             simd = options.vectorize and n.parallel and innermost and not omp
-            out.append(LFor(n.var, n.init, n.cond, n.step, tuple(body), n.parallel, omp, simd, n.note))
+            out.append(replace(n, body=tuple(body), omp=omp, simd=simd))
         elif isinstance(n, LIf):
             out.append(LIf(n.cond, tuple(_mark(n.then, options, omp_allowed, depth)),
                            tuple(_mark(n.other, options, omp_allowed, depth))))

@@ -8,7 +8,8 @@ used in golden tests and by ``kernel.source``-style introspection.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class LFor(LNode):
     mapped: str = ""  # GPU: "block" or "thread" when the loop's iterations are spread over ids
     dim: int = 0  # GPU: the grid or block dimension (0 is x)
     count: int = 0  # GPU: how many blocks or threads share the iterations (cyclically)
+    tile: bool = False  # CPU: the outermost loop of a register tile the schedule transform planned
+    # set by the CPU lowering passes (codegen.lower):
+    hoist: tuple[tuple[str, int, int], ...] = ()  # reads loaded once before the loop: (name, call, read)
+    unroll: int = 0  # unroll this many (all) iterations
+    collapse: bool = False  # `omp parallel for collapse(2)` with the loop inside
+    vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
+    vector_text: str = ""  # how, for the printed form
 
 
 @dataclass(frozen=True)
@@ -96,11 +104,72 @@ class LCopy(LNode):
 
 
 @dataclass(frozen=True)
+class LDecl(LNode):
+    """CPU: a temporary that lives in the enclosing body only: in one scalar (``kind`` "scalar"),
+    or in the slice of it that one iteration uses (``kind`` "row", with the dims ``fixed`` there)."""
+
+    tensor: str
+    kind: str
+    fixed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LReset(LNode):
+    """CPU: zero the temporary ``tensor``, which reuses the buffer of ``owner``, before its first use."""
+
+    tensor: str
+    owner: str
+
+
+@dataclass(frozen=True)
+class LTranspose(LNode):
+    """CPU: the copy nest ``outer``/``inner`` moved in blocks through registers (codegen.transpose)."""
+
+    outer: LFor
+    inner: LFor
+    call: LCall
+    source: str  # the tensor read
+    source_stride: int  # elements between consecutive reads along the inner loop
+    target_stride: int  # elements between consecutive writes along the outer loop
+
+
+@dataclass(frozen=True)
+class LTile(LNode):
+    """CPU: a register tile. The reduction target of ``call`` stays in a small local array for the
+    whole of the ``serial`` loops (outermost first; the first is the nest's root), indexed by the
+    ``inner`` tile loops (constant trip bounds ``extents``)."""
+
+    serial: tuple[LFor, ...]
+    inner: tuple[LFor, ...]
+    call: LCall
+    extents: tuple[int, ...]
+    identity: bool = False  # the tile starts at the reduction's identity (its init nest is gone)
+    simd: bool = False  # the innermost tile loop is vectorised by the compiler
+    inside: str = ""  # a short serial loop run inside the tile loops (a strided window)
+    vector: Any = field(default=None, compare=False)  # the tile in explicit vectors (codegen.vectile)
+    vector_text: str = ""
+
+    @property
+    def loop(self) -> LFor:
+        return self.serial[0]
+
+
+@dataclass(frozen=True)
+class LAccum(LNode):
+    """CPU: an innermost reduction loop into one element, accumulated in a local (scalar replacement)."""
+
+    loop: LFor
+    call: LCall
+    simd: bool = False  # as an `omp simd` reduction
+
+
+@dataclass(frozen=True)
 class LoopIR:
     body: tuple[LNode, ...]
+    owners: tuple[tuple[str, str], ...] = ()  # CPU: (temporary, the temporary whose buffer it uses)
 
     def __str__(self) -> str:
-        lines: list[str] = []
+        lines = [f"// {t} reuses the buffer of {o}" for t, o in self.owners if t != o]
         for n in self.body:
             _print(n, 0, lines)
         return "\n".join(lines)
@@ -112,6 +181,12 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
         yield n
         if isinstance(n, (LFor, LMark, LCopy)):
             yield from walk(n.body)
+        elif isinstance(n, LTile):
+            yield from walk((n.loop,))
+        elif isinstance(n, LTranspose):
+            yield from walk((n.outer,))
+        elif isinstance(n, LAccum):
+            yield from walk((n.loop,))
         elif isinstance(n, LIf):
             yield from walk(n.then)
             yield from walk(n.other)
@@ -189,7 +264,14 @@ def expr_text(e: LExpr) -> str:
 def _print(n: LNode, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, LFor):
-        tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd)) if on]
+        tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd),
+                                ("collapse(2)", n.collapse), ("register tile", n.tile)) if on]
+        if n.unroll:
+            tags.append(f"unroll {n.unroll}")
+        if n.hoist:
+            tags.append("hoist " + ",".join(f"{name}=call{c}.read{r}" for name, c, r in n.hoist))
+        if n.vector_text:
+            tags.append(f"vector {n.vector_text}")
         if n.mapped:
             tags.append(f"{n.mapped}s.{'xyz'[n.dim]}/{n.count}")
         if n.note:
@@ -214,6 +296,28 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
             _print(b, depth, out)
     elif isinstance(n, LSync):
         out.append(f"{pad}sync()")
+    elif isinstance(n, LDecl):
+        where = "one scalar" if n.kind == "scalar" else f"one row (dims {list(n.fixed)} fixed here)"
+        out.append(f"{pad}temporary {n.tensor} in {where}")
+    elif isinstance(n, LReset):
+        out.append(f"{pad}zero {n.tensor} (in the buffer of {n.owner})")
+    elif isinstance(n, LTranspose):
+        out.append(f"{pad}// transpose {n.call.stmt} in blocks: reads {n.source} {n.source_stride} apart, "
+                   f"writes {n.target_stride} apart")
+        _print(n.outer, depth, out)
+    elif isinstance(n, LTile):
+        how = [f"{'x'.join(map(str, n.extents))} register tile of {n.call.stmt} across "
+               f"{', '.join(f.var for f in n.serial)}"]
+        how += [t for t, on in (("from the identity", n.identity), ("simd", n.simd)) if on]
+        if n.inside:
+            how.append(f"{n.inside} inside the tile loops")
+        if n.vector_text:
+            how.append(f"vector {n.vector_text}")
+        out.append(f"{pad}// {'; '.join(how)}")
+        _print(n.loop, depth, out)
+    elif isinstance(n, LAccum):
+        out.append(f"{pad}// accumulate {n.call.stmt} over {n.loop.var} in a local{' (simd)' if n.simd else ''}")
+        _print(n.loop, depth, out)
     elif isinstance(n, LCopy):
         box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))
         out.append(f"{pad}shared {n.buffer} = {n.tensor}[{box}]")

@@ -388,14 +388,18 @@ def permute(band: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
     return node
 
 
+REGISTER_MARK = "register_tile"  # above the loops of a register tile (codegen.lower's regtile pass)
+
+
 def _register_tile(band: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
     """Tile the point band again: members of size 1 move out (a reduction loop ends up outside
-    the register tile), the others leave small inner loops that the C emitter keeps in registers."""
+    the register tile), the others leave small inner loops marked ``REGISTER_MARK``, which the
+    lowering passes keep in registers."""
     mv = isl.MultiVal.zero(band.band_get_space())
     ctx = band.get_ctx()
     for i, v in enumerate(sizes):
         mv = mv.set_val(i, isl.Val.int_from_si(ctx, max(v, 1)))
-    return band.band_tile(mv).child(0)
+    return band.band_tile(mv).child(0).insert_mark(isl.Id(REGISTER_MARK)).child(0)
 
 
 def _maybe_check(node: isl.ScheduleNode, deps: Deps) -> None:

@@ -1,7 +1,8 @@
 """The compiler driver: ``Instance x MappingOptions -> Lowered`` (every stage, in order), and the C
 backend that builds and calls it.
 
-    Instance -> Scop -> Deps -> schedule -> transformed schedule -> LoopIR -> CSource -> library
+    Instance -> Scop -> Deps -> schedule -> transformed schedule -> LoopIR -> lowering passes
+             -> LoopIR -> CSource -> library
 
 Each stage's text form is kept, for ``kernel.schedule()`` / ``kernel.source()`` and the
 ``TCDSL_DUMP_DIR`` knob.
@@ -20,7 +21,9 @@ import numpy as np
 from . import knobs
 from .codegen import c as cgen
 from .codegen import gpu as gpu_cgen
+from .codegen import lower as cpu_passes
 from .codegen import toolchain
+from .codegen.facts import Facts
 from .codegen.gpu import GpuSource
 from .errors import TcRuntimeError, TcScheduleError
 from .instance import Instance, fully_written
@@ -39,8 +42,15 @@ class Lowered:
     deps: Deps
     tree: isl.Schedule = field(compare=False)  # the scheduler's tree
     final: isl.Schedule = field(compare=False)  # after the CPU transformations
-    ir: LoopIR
+    ir: LoopIR  # as isl's AST gives it
+    passes: tuple[tuple[str, LoopIR], ...]  # after each lowering pass (codegen.lower), in order
     source: cgen.CSource
+    strides: dict[str, tuple[int, ...]] = field(compare=False)  # each tensor's element strides
+
+    @property
+    def lowered_ir(self) -> LoopIR:
+        """The loop IR the C emitter prints (after the last pass)."""
+        return self.passes[-1][1] if self.passes else self.ir
 
 
 def strides_of(inst: Instance, inputs: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -93,9 +103,10 @@ def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int
     tree = schedule.compute(scop, deps, options)
     final = transform.transform(tree, scop, deps, options, target)
     ir = astgen.build(final, scop.context, deps.all, options)
-    src = cgen.emit(ir, scop, strides, target, vectorize=options.vectorize,
-                    vector_math=toolchain.has_vector_math(), unroll=options.unroll)
-    low = Lowered(scop, deps, tree, final, ir, src)
+    vector_math = toolchain.has_vector_math()
+    passes = cpu_passes.run(ir, Facts(scop, strides, target, options.vectorize, vector_math, options.unroll))
+    src = cgen.emit(passes[-1][1], scop, strides, target, vectorize=options.vectorize, vector_math=vector_math)
+    low = Lowered(scop, deps, tree, final, ir, passes, src, strides)
     _dump(low)
     return low
 
@@ -109,6 +120,7 @@ def _dump(low: Lowered) -> None:
     (d / f"{name}.scop.txt").write_text(str(low.scop) + "\n\n" + str(low.deps) + "\n")
     (d / f"{name}.schedule.txt").write_text(f"{low.tree.get_root()}\n\n{low.final.get_root()}\n")
     (d / f"{name}.loops.txt").write_text(str(low.ir) + "\n")
+    (d / f"{name}.passes.txt").write_text(cpu_passes.trace(low.passes, low.ir))
     (d / f"{name}.c").write_text(low.source.text)
 
 

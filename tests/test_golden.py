@@ -1,6 +1,7 @@
 """Golden files: each lowering stage's printed output for a few defs on fixed CPU targets (AVX-512
 and AVX2 presets, so that the files do not depend on this machine's caches): the schedule after
-the CPU transformations, the loop IR, and the C text. A change in any stage shows as a diff of
+the CPU transformations, the loop IR, the loop IR after each lowering pass (codegen.lower), and
+the C text. A change in any stage shows as a diff of
 these files; ``pytest tests/test_golden.py --accept-golden`` rewrites them after a deliberate
 change (review the diff before committing). The numbers the C computes are checked elsewhere
 (test_vectile, test_cputarget, test_c_backend). The C text also declares libmvec's vector math where
@@ -18,6 +19,7 @@ import pytest
 
 import tcdsl as tc
 from tcdsl.codegen import toolchain
+from tcdsl.codegen.lower import trace
 from tcdsl.polyhedral.cputarget import preset
 from tcdsl.polyhedral.treeprint import tree_text
 
@@ -45,7 +47,8 @@ def test_golden(name: str, target: str, request: pytest.FixtureRequest) -> None:
     k = tc.define(src)
     args = [np.zeros(s, np.float32) for s in shapes]
     low = k.lowered(*args, target=preset(target))
-    stages = {"schedule": tree_text(low.final), "loops": str(low.ir), "c": low.source.text}
+    stages = {"schedule": tree_text(low.final), "loops": str(low.ir), "passes": trace(low.passes, low.ir),
+              "c": low.source.text}
     accept = request.config.getoption("--accept-golden")
     for stage, text in stages.items():
         path = GOLDEN / f"{name}.{target}.{stage}.txt"

@@ -1,0 +1,339 @@
+"""CPU lowering passes: ``LoopIR x Facts -> LoopIR``, one decision per pass, run in the order of
+``PASSES``. Each pass records what it decided as nodes or fields of the loop IR
+(polyhedral.loopir: ``LDecl``, ``LReset``, ``LTranspose``, ``LTile``, ``LAccum``, and the ``hoist``,
+``vector``, ``unroll`` and ``collapse`` fields of loops), so ``str(ir)`` after each pass shows it,
+and the C emitter (codegen.c) only prints what the IR says.
+
+    contract    temporaries that live in one scalar, or in the row one iteration uses
+    share       temporaries whose lifetimes do not overlap share one buffer
+    transpose   copy nests that read along one loop and write along the other move in blocks
+    regtile     reduction nests whose target stays in a register tile across the serial loops
+    accumulate  innermost reductions into one element, in a local
+    hoist       reads that do not move with a vectorised loop, loaded once before it
+    vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
+    unroll      short innermost loops unrolled (the ``unroll`` option)
+    parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
+
+``run`` returns the IR after every pass; the ``TCDSL_DUMP_DIR`` knob writes them
+(``<def>.passes.txt``), and the golden-file tests check them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from tcdsl.affine import Sym, Var
+from tcdsl.checked import Statement, reads
+from tcdsl.instance import fully_written
+from tcdsl.polyhedral.loopir import (
+    LAccum,
+    LCall,
+    LDecl,
+    LFor,
+    LIf,
+    LNode,
+    LoopIR,
+    LReset,
+    LTile,
+    LTranspose,
+    LVar,
+    expr_vars,
+    trip_count,
+    walk,
+)
+
+from . import contract, memshare, regtile, transpose, vecloop, vectile
+from .facts import Facts
+
+Pass = Callable[[LoopIR, Facts], LoopIR]
+Visit = Callable[[LNode], "LNode | tuple[LNode, ...] | None"]
+
+SMALL_INNER = 4  # a window reduction this short may run inside the vectorised tile loop (_interleaved)
+COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
+LOOPS = (LFor, LTile, LAccum, LTranspose)  # nodes that print as loops
+
+
+def run(ir: LoopIR, facts: Facts) -> tuple[tuple[str, LoopIR], ...]:
+    """The IR after each pass, in order (the last is what the emitter prints)."""
+    out = []
+    for name, p in PASSES:
+        ir = p(ir, facts)
+        out.append((name, ir))
+    return tuple(out)
+
+
+def trace(steps: tuple[tuple[str, LoopIR], ...], start: LoopIR | None = None) -> str:
+    """Each pass's output, or ``(unchanged)`` where the pass decided nothing (the first pass's
+    against ``start``, the IR the passes ran on, where given)."""
+    parts, before = [], None if start is None else str(start)
+    for name, ir in steps:
+        text = str(ir)
+        parts.append(f"== {name}\n{'(unchanged)' if text == before else text}")
+        before = text
+    return "\n".join(parts) + "\n"
+
+
+def _rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
+    """``body`` with each node ``visit`` replaces (a node, or several) replaced, and the bodies of
+    the loops and ifs it leaves (returns None for) rewritten the same way."""
+    out: list[LNode] = []
+    for n in body:
+        r = visit(n)
+        if r is not None:
+            out.extend(r if isinstance(r, tuple) else (r,))
+        elif isinstance(n, LFor):
+            out.append(replace(n, body=_rewrite(n.body, visit)))
+        elif isinstance(n, LIf):
+            out.append(replace(n, then=_rewrite(n.then, visit), other=_rewrite(n.other, visit)))
+        else:
+            out.append(n)
+    return tuple(out)
+
+
+# ---- contract ----
+def contract_temporaries(ir: LoopIR, f: Facts) -> LoopIR:
+    """Temporaries in one scalar (contract.contractible) or one row buffer (contract.row_buffers),
+    declared by an ``LDecl`` at the start of the body they live in."""
+    scalars = contract.contractible(ir, f.scop)
+    rows = contract.row_buffers(ir, f.scop, set(scalars))
+    decls: dict[int, list[LNode]] = {}
+    for name, (where, fixed) in rows.items():
+        decls.setdefault(where, []).append(LDecl(name, "row", fixed))
+    for name, where in scalars.items():
+        decls.setdefault(where, []).append(LDecl(name, "scalar"))
+    f.contracted, f.scalars = set(scalars), set(scalars)
+    f.rows = {name: fixed for name, (_, fixed) in rows.items()}
+
+    def place(body: tuple[LNode, ...]) -> tuple[LNode, ...]:
+        out = list(decls.get(id(body), []))
+        for n in body:
+            if isinstance(n, LFor):
+                n = replace(n, body=place(n.body))
+            elif isinstance(n, LIf):
+                n = replace(n, then=place(n.then), other=place(n.other))
+            out.append(n)
+        return tuple(out)
+
+    return replace(ir, body=place(ir.body))
+
+
+# ---- share ----
+def share_buffers(ir: LoopIR, f: Facts) -> LoopIR:
+    """Buffer owners (memshare.share); a temporary that reuses another's buffer and is not written
+    whole is zeroed (``LReset``) before the top-level nest that first touches it."""
+    owners = memshare.share(ir, f.scop, f.contracted | set(f.rows))
+    resets: dict[int, list[LNode]] = {}
+    for name, owner in owners.items():
+        if owner != name and not fully_written(f.scop.inst, name):
+            resets.setdefault(memshare.first_use(ir, f.scop, name), []).append(LReset(name, owner))
+    body = tuple(x for pos, n in enumerate(ir.body) for x in (*resets.get(pos, []), n))
+    return LoopIR(body, tuple(sorted(owners.items())))
+
+
+# ---- transpose ----
+def blocked_transposes(ir: LoopIR, f: Facts) -> LoopIR:
+    if not f.vectorize:
+        return ir
+    in_memory = f.in_memory
+    return replace(ir, body=_rewrite(ir.body, lambda n: transpose.match(n, f.scop, f.c, f.strides, in_memory)
+                                     if isinstance(n, LFor) else None))
+
+
+# ---- regtile ----
+def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
+    """Register tiles (regtile.match); a ``!`` statement whose tiles run its whole reduction starts
+    them at the identity, and its initialisation nests go (regtile.identity_starts)."""
+    identity = regtile.identity_starts(ir.body, f.scop, f.c)
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LFor):
+            return None
+        rt = regtile.match(n, f.scop, f.c)
+        if rt is None:
+            return None
+        return replace(rt, identity=f.scop.stmt(rt.call.stmt).number in identity)
+
+    body = _rewrite(ir.body, visit)
+    kept = tuple(n for n in body if not _initialised_by_tiles(n, identity))
+    return replace(ir, body=kept)
+
+
+def _initialised_by_tiles(n: LNode, identity: set[int]) -> bool:
+    """A top-level nest of initialisations that the register tiles make redundant."""
+    names = {x.stmt for x in walk((n,)) if isinstance(x, LCall)}
+    return bool(names) and all(name.startswith("init") and int(name[4:]) in identity for name in names)
+
+
+# ---- accumulate ----
+def accumulate(ir: LoopIR, f: Facts) -> LoopIR:
+    """An innermost reduction loop into one element keeps the element in a local."""
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LFor) or len(n.body) != 1 or not isinstance(n.body[0], LCall):
+            return None
+        call = n.body[0]
+        st = f.scop.stmt(call.stmt)
+        s = f.scop.tc_statement(st.name)
+        if st.kind != "update" or s.op == "=":
+            return None
+        args = dict(zip(st.indices, call.args))
+        if any(n.var in expr_vars(args[i]) for i in s.lhs):
+            return None
+        return LAccum(n, call)
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
+# ---- hoist ----
+def hoist_reads(ir: LoopIR, f: Facts) -> LoopIR:
+    """Reads in a vectorised loop that do not move with it are loaded once before it (GCC cannot
+    prove them invariant inside OpenMP regions, which blocks vectorisation)."""
+    count = [0]
+
+    def visit(n: LNode) -> LNode | None:
+        if not (isinstance(n, LFor) and n.simd) or not all(isinstance(b, LCall) for b in n.body) or not n.body:
+            return None
+        hoist = _hoistable(n, f, count)
+        return replace(n, hoist=hoist) if hoist else None
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
+def _hoistable(n: LFor, f: Facts, count: list[int]) -> tuple[tuple[str, int, int], ...]:
+    written = {f.scop.tc_statement(c.stmt).tensor for c in n.body if isinstance(c, LCall)}
+    out: list[tuple[str, int, int]] = []
+    seen: set[int] = set()
+    for k, call in enumerate(n.body):
+        assert isinstance(call, LCall)
+        st = f.scop.stmt(call.stmt)
+        if st.kind != "update":
+            continue
+        s = f.scop.tc_statement(st.name)
+        args = dict(zip(st.indices, call.args))
+        for pos, r in enumerate(reads(s.rhs)):
+            if id(r) in seen or r.tensor in written or r.conditional or r.tensor in f.scalars:
+                continue
+            if not all(isinstance(x, Sym) for x in r.subs):
+                continue
+            names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
+            if any(n.var in expr_vars(args[i]) for i in names):
+                continue
+            seen.add(id(r))
+            out.append((f"h{count[0]}", k, pos))
+            count[0] += 1
+    return tuple(out)
+
+
+def hoisted_reads(n: LFor, f: Facts) -> dict[int, str]:
+    """``id(Read) -> local`` for the reads ``n`` hoists."""
+    out = {}
+    for name, k, pos in n.hoist:
+        call = n.body[k]
+        assert isinstance(call, LCall)
+        out[id(reads(f.scop.tc_statement(call.stmt).rhs)[pos])] = name
+    return out
+
+
+# ---- vectorise ----
+def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
+    """Tiles and pointwise loops in explicit vectors (vectile, vecloop); the other tiles and
+    reductions vectorised by the compiler (`omp simd`), a strided window inside the tile loops."""
+    if not f.vectorize:
+        return ir
+
+    def visit(n: LNode) -> LNode | None:
+        if isinstance(n, LTile):
+            inside = _interleaved(n, f)
+            simd = n.inner[-1].parallel
+            vt = vectile.plan(f, n) if f.VECTOR_TILES and inside is None else None
+            return replace(n, simd=simd, inside=inside.var if inside is not None else "", vector=vt,
+                           vector_text=str(vt) if vt is not None else "")
+        if isinstance(n, LAccum):
+            dtype = f.tensors[f.scop.tc_statement(n.call.stmt).tensor].dtype
+            return replace(n, simd=dtype not in ("float16", "bool"))
+        if isinstance(n, LFor) and n.simd:
+            f.hoisted = hoisted_reads(n, f)
+            vl = vecloop.plan(f, n)
+            f.hoisted = {}
+            return replace(n, vector=vl, vector_text=str(vl)) if vl is not None else None
+        return None
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
+def _interleaved(rt: LTile, f: Facts) -> LFor | None:
+    """The short innermost reduction loop of a window read with a stride (maxpool's
+    ``I(.., 2*w + r_kw)``), to run inside the vectorised tile loop: with both window points in
+    one iteration, GCC loads whole vectors and deinterleaves them instead of gathering."""
+    last, inner = rt.serial[-1], rt.inner[-1]
+    trips = trip_count(last)
+    if trips is None or trips > SMALL_INNER or not inner.parallel:
+        return None
+    st = f.scop.stmt(rt.call.stmt)
+    s: Statement = f.scop.tc_statement(st.name)
+    args = dict(zip(st.indices, rt.call.args))
+    w = next((i for i, a in args.items() if a == LVar(inner.var)), None)
+    k = next((i for i, a in args.items() if a == LVar(last.var)), None)
+    if w is None or k is None:
+        return None
+    vw, vk = Var(w, "index"), Var(k, "index")
+    for r in reads(s.rhs):
+        for sub in r.subs:
+            if isinstance(sub, Sym) and abs(sub.coeff(vw)) >= 2 and sub.coeff(vk) != 0:
+                return last
+    return None
+
+
+# ---- unroll ----
+def unroll(ir: LoopIR, f: Facts) -> LoopIR:
+    if not f.unroll:
+        return ir
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LFor) or n.omp or n.simd or any(isinstance(b, LOOPS) for b in n.body):
+            return None
+        trips = regtile.trip_bound(n)
+        if trips is None or trips > f.unroll:
+            return None
+        return replace(n, unroll=trips, body=_rewrite(n.body, visit))
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
+# ---- parallel ----
+def collapse(ir: LoopIR, f: Facts) -> LoopIR:
+    """An `omp parallel for` loop with few iterations (three 48-row tiles of a 128-row product left
+    one of two threads idle a third of the time) shares its threads with the parallel loop
+    inside it, where the nest is perfect and rectangular, as `collapse(2)` requires."""
+
+    def visit(n: LNode) -> LNode | None:
+        if not (isinstance(n, LFor) and n.omp and _collapsible(n)):
+            return None
+        return replace(n, collapse=True, body=_rewrite(n.body, visit))
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
+def _collapsible(n: LFor) -> bool:
+    trips = trip_count(n)
+    if trips is None or trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
+        return False
+    m = n.body[0]
+    return (m.parallel and not m.simd and not m.omp and m.step > 0
+            and n.var not in expr_vars(m.init) | expr_vars(m.cond)
+            and any(isinstance(b, LOOPS) for b in m.body)  # no unroll pragma on m
+            and not m.hoist)
+
+
+PASSES: tuple[tuple[str, Pass], ...] = (
+    ("contract", contract_temporaries),
+    ("share", share_buffers),
+    ("transpose", blocked_transposes),
+    ("regtile", register_tiles),
+    ("accumulate", accumulate),
+    ("hoist", hoist_reads),
+    ("vectorise", vectorise),
+    ("unroll", unroll),
+    ("parallel", collapse),
+)

@@ -1,0 +1,103 @@
+"""The CPU lowering passes (codegen.lower) one at a time: the C printed from the loop IR after each
+pass, with only the passes before it applied, computes what the reference interpreter computes.
+Corpus defs under the default options and options drawn from the tuner's space (seeded), on this
+machine's vector width and on AVX2 (compiled with ``-mno-avx512f`` on an AVX-512 machine). A pass
+that decides nothing for a def gives the IR before it, which is not run twice. The whole pipeline's
+numbers are checked in test_cputarget and test_c_backend; the printed IR in test_golden."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcdsl as tc
+from tcdsl.api import _c_ready, _coerce_inputs
+from tcdsl.codegen import c as cgen
+from tcdsl.codegen import lower, toolchain
+from tcdsl.compiler import CKernel
+from tcdsl.errors import TcArgumentError
+from tcdsl.instance import bind_sizes
+from tcdsl.options import MappingOptions
+from tcdsl.polyhedral import cputarget
+from tcdsl.tuner import space as S
+
+try:
+    from defs import DEFS, assert_matches, make_inputs
+except ImportError:  # run from another directory
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from defs import DEFS, assert_matches, make_inputs
+
+pytestmark = pytest.mark.cpu
+
+# defs whose IR each pass changes: temporaries (softmax, layernorm), transposes, register tiles,
+# strided windows, reductions into one element, hoisted reads, several statements
+PICKED = ["matmul", "conv2d_strided", "maxpool_2x2_s2", "softmax", "layernorm", "reduce_rows", "transposes",
+          "let_in_reduction", "contraction_odd_views", "conv1d_padded_sum_prod_max"]
+
+
+def _runnable() -> list[str]:
+    out = []
+    for name in ("native", "avx2"):
+        try:
+            cputarget.named(name, toolchain.native_target(tuple(toolchain.compiler())))
+            out.append(name)
+        except TcArgumentError:
+            pass
+    return out
+
+
+def test_the_passes_run_in_the_listed_order() -> None:
+    k = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }")
+    low = k.lowered(np.ones((24, 16), np.float32), np.ones((16, 40), np.float32), target="avx2")
+    assert [name for name, _ in low.passes] == [name for name, _ in lower.PASSES]
+    assert low.lowered_ir is low.passes[-1][1]
+    text = lower.trace(low.passes, low.ir)
+    assert "register tile of S1 across" in text and "lanes per row" in text  # regtile, then vectorise
+    assert "(unchanged)" in text  # a matmul has no temporaries to contract
+
+
+def test_dump_dir_writes_the_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCDSL_DUMP_DIR", str(tmp_path))
+    k = tc.define("def sm(float(N,D) X) -> (Y) { mx(n) max=! X(n,r_d)\n e(n,d) = exp(X(n,d) - mx(n))\n"
+                  " s(n) +=! e(n,r_d)\n Y(n,d) = e(n,d) / s(n) }")
+    k.lowered(np.ones((8, 40), np.float32))
+    text = (tmp_path / "sm.passes.txt").read_text()
+    assert [line[3:] for line in text.splitlines() if line.startswith("== ")] == [n for n, _ in lower.PASSES]
+    assert "temporary e in one row" in text  # the contract pass's decision, printed
+
+
+@pytest.mark.parametrize("cpu", _runnable())
+@pytest.mark.parametrize("name", PICKED)
+def test_every_pass_computes_what_the_interpreter_does(name: str, cpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    case = next(c for c in DEFS if c.name == name)
+    k = tc.define(case.source)
+    args = make_inputs(case.inputs)
+    arrays = [np.asarray(a) for a in args]
+    space = S.space_for(k.checked, bind_sizes(k.checked, [a.shape for a in arrays]))
+    rng = random.Random(f"passes-{name}-{cpu}")
+    ref = k(*args, backend="numpy")
+    inputs = {t.name: _c_ready(a) for t, a in zip(k.checked.inputs, _coerce_inputs(k.checked, args))}
+    ran = 0
+    for options in (MappingOptions(), *(S.to_options(space, space.random(rng)) for _ in range(2))):
+        low = k.lowered(*args, options=options)
+        target = cputarget.named(cpu, toolchain.native_target(tuple(toolchain.compiler())))
+        seen: set[str] = set()
+        for upto, (pass_name, ir) in enumerate(low.passes):
+            if str(ir) in seen:
+                continue
+            seen.add(str(ir))
+            src = cgen.emit(ir, low.scop, low.strides, target, vectorize=options.vectorize,
+                            vector_math=toolchain.has_vector_math())
+            kernel = CKernel(dataclasses.replace(low, passes=low.passes[:upto + 1], source=src))
+            outs = kernel(inputs)
+            got = tuple(outs[t.name] for t in k.checked.outputs)
+            assert_matches(got if len(got) > 1 else got[0], ref, case.tol,
+                           f"{name} on {cpu} after the {pass_name} pass under {options}")
+            ran += 1
+    assert ran >= 3
