@@ -11,6 +11,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     accumulate  innermost reductions into one element, in a local
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
+    split       compiler-vectorised tile loops cut into whole vectors and the rest
     unroll      short innermost loops unrolled (the ``unroll`` option)
     parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
 
@@ -32,6 +33,7 @@ from tcdsl.polyhedral.loopir import (
     LDecl,
     LFor,
     LIf,
+    LInt,
     LNode,
     LoopIR,
     LReset,
@@ -285,6 +287,25 @@ def _interleaved(rt: LTile, f: Facts) -> LFor | None:
     return None
 
 
+# ---- split ----
+def split_tiles(ir: LoopIR, f: Facts) -> LoopIR:
+    """A compiler-vectorised tile loop whose constant trip count is not a whole number of vectors
+    runs as two loops, the whole vectors then the rest: GCC then keeps each part of the tile in
+    registers (group conv's 26-wide rows: 98 -> 78 ms on one thread)."""
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LTile) or not n.simd:
+            return None
+        loop = n.inner[-1]
+        trips = trip_count(loop)
+        lanes = f.target.lanes(f.tensors[f.scop.tc_statement(n.call.stmt).tensor].dtype)
+        if trips is None or not isinstance(loop.init, LInt) or trips <= lanes or trips % lanes == 0:
+            return n
+        return replace(n, split=loop.init.value + trips // lanes * lanes)
+
+    return replace(ir, body=_rewrite(ir.body, visit))
+
+
 # ---- unroll ----
 def unroll(ir: LoopIR, f: Facts) -> LoopIR:
     if not f.unroll:
@@ -334,6 +355,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("accumulate", accumulate),
     ("hoist", hoist_reads),
     ("vectorise", vectorise),
+    ("split", split_tiles),
     ("unroll", unroll),
     ("parallel", collapse),
 )

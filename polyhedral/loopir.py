@@ -146,6 +146,7 @@ class LTile(LNode):
     identity: bool = False  # the tile starts at the reduction's identity (its init nest is gone)
     simd: bool = False  # the innermost tile loop is vectorised by the compiler
     inside: str = ""  # a short serial loop run inside the tile loops (a strided window)
+    split: int = 0  # the innermost tile loop runs as two loops, below this value and from it
     vector: Any = field(default=None, compare=False)  # the tile in explicit vectors (codegen.vectile)
     vector_text: str = ""
 
@@ -311,6 +312,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         how += [t for t, on in (("from the identity", n.identity), ("simd", n.simd)) if on]
         if n.inside:
             how.append(f"{n.inside} inside the tile loops")
+        if n.split:
+            how.append(f"{n.inner[-1].var} split at {n.split}")
         if n.vector_text:
             how.append(f"vector {n.vector_text}")
         out.append(f"{pad}// {'; '.join(how)}")
