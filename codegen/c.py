@@ -479,16 +479,16 @@ class _Emitter(Facts):
         return out
 
     def _accumulate(self, a: LAccum) -> None:
-        """An innermost reduction loop into one element: the element in a local accumulator (in a
-        register); as an `omp simd` reduction where the vectorise pass says so."""
-        n, call = a.loop, a.call
+        """A nest of loops around one reduction into an element they do not move: the element in a
+        local accumulator (in a register); as an `omp simd` reduction where the vectorise pass says so."""
+        call = a.call
         st = self.scop.stmt(call.stmt)
         s = self.scop.tc_statement(st.name)
         args = dict(zip(st.indices, call.args))
         t = self.tensors[s.tensor]
         ctype = CTYPE[t.dtype]
         w = self.w
-        w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {n.var}")
+        w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {', '.join(f.var for f in a.loops)}")
         with w.indent():
             outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
             target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
@@ -501,11 +501,14 @@ class _Emitter(Facts):
             if simd:
                 extra = " reduction(|:nan)" if minmax and floating else ""
                 w.line(f"#pragma omp simd reduction({s.op}:acc){extra}")
-            w.line(f"for (long {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
-                   f"{n.var} += {n.step}) {{")
-            with w.indent():
-                self._statement_body(call, "acc", "nan" if minmax else None)
-            w.line("}")
+            for n in a.loops:
+                w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+                       f"{n.var} += {n.step}) {{")
+                w.push()
+            self._statement_body(call, "acc", "nan" if minmax else None)
+            for _ in a.loops:
+                w.pop()
+                w.line("}")
             w.line(f"{target} = {'nan ? NAN : acc' if minmax and floating else 'acc'};")
         w.line("}")
 

@@ -24,6 +24,7 @@ from tcdsl.polyhedral.scop import Scop
 
 from . import regtile
 from .c import CTYPE, ErrorSite, _Emitter, _top
+from .lower import accumulation
 
 DIALECTS = ("cuda", "opencl")
 ERR_INTS = 4  # the error flags every kernel takes last: int32 code, pad, int64 value (see tc_fail)
@@ -361,37 +362,12 @@ class _GpuEmitter(_Emitter):
     def _reduce_nest(self, n: LFor) -> bool:
         """Private memory within a thread: a nest of loops around one reduction into an element
         the nest does not move (a conv's channel and window loops) accumulates in a register,
-        loaded before the nest and written back once after it."""
-        nest = [n]
-        while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], LFor) and not nest[-1].body[0].mapped:
-            nest.append(nest[-1].body[0])
-        if not (len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], LCall)):
+        loaded before the nest and written back once after it (the CPU's accumulation,
+        codegen.lower.accumulation, over a nest)."""
+        a = accumulation(n, self.scop, nest=True)
+        if a is None:
             return False
-        call = nest[-1].body[0]
-        st = self.scop.stmt(call.stmt)
-        s = self.scop.tc_statement(st.name)
-        if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
-            return False
-        args = dict(zip(st.indices, call.args))
-        if any({f.var for f in nest} & expr_vars(args[i]) for i in s.lhs):
-            return False
-        w = self.w
-        outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
-        target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
-        w.line(f"{{  // statement {s.number}: accumulate {s.tensor} in a register over "
-               f"{', '.join(f.var for f in nest)}")
-        with w.indent():
-            w.line(f"{CTYPE[self.tensors[s.tensor].dtype]} acc = {target};")
-            for f in nest:
-                w.line(f"for ({self.ITYPE} {f.var} = {_top(self._lexpr(f.init))}; {_top(self._lexpr(f.cond))}; "
-                       f"{f.var} += {f.step}) {{")
-                w.push()
-            self._statement_body(call, "acc")
-            for _ in nest:
-                w.pop()
-                w.line("}")
-            w.line(f"{target} = acc;")
-        w.line("}")
+        self._accumulate(a)
         return True
 
     def _slot_loop(self, f: LFor, body: Callable[[], None]) -> None:

@@ -44,6 +44,7 @@ from tcdsl.polyhedral.loopir import (
     trip_count,
     walk,
 )
+from tcdsl.polyhedral.scop import Scop
 
 from . import contract, memshare, regtile, transpose, vecloop, vectile
 from .facts import Facts
@@ -170,21 +171,26 @@ def _initialised_by_tiles(n: LNode, identity: set[int]) -> bool:
 # ---- accumulate ----
 def accumulate(ir: LoopIR, f: Facts) -> LoopIR:
     """An innermost reduction loop into one element keeps the element in a local."""
+    return replace(ir, body=_rewrite(ir.body, lambda n: accumulation(n, f.scop) if isinstance(n, LFor) else None))
 
-    def visit(n: LNode) -> LNode | None:
-        if not isinstance(n, LFor) or len(n.body) != 1 or not isinstance(n.body[0], LCall):
-            return None
-        call = n.body[0]
-        st = f.scop.stmt(call.stmt)
-        s = f.scop.tc_statement(st.name)
-        if st.kind != "update" or s.op == "=":
-            return None
-        args = dict(zip(st.indices, call.args))
-        if any(n.var in expr_vars(args[i]) for i in s.lhs):
-            return None
-        return LAccum(n, call)
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+def accumulation(n: LFor, scop: Scop, nest: bool = False) -> LAccum | None:
+    """``n`` as an ``LAccum``: one loop (with ``nest``, a perfect nest of loops not mapped to GPU
+    ids) around one reduction into an element the loops do not move, and that it does not read."""
+    loops = [n]
+    while nest and len(loops[-1].body) == 1 and isinstance(loops[-1].body[0], LFor) and not loops[-1].body[0].mapped:
+        loops.append(loops[-1].body[0])
+    if len(loops[-1].body) != 1 or not isinstance(loops[-1].body[0], LCall):
+        return None
+    call = loops[-1].body[0]
+    st = scop.stmt(call.stmt)
+    s = scop.tc_statement(st.name)
+    if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
+        return None
+    args = dict(zip(st.indices, call.args))
+    if any({x.var for x in loops} & expr_vars(args[i]) for i in s.lhs):
+        return None
+    return LAccum(tuple(loops), call)
 
 
 # ---- hoist ----

@@ -157,11 +157,16 @@ class LTile(LNode):
 
 @dataclass(frozen=True)
 class LAccum(LNode):
-    """CPU: an innermost reduction loop into one element, accumulated in a local (scalar replacement)."""
+    """A nest of loops around one reduction into an element the nest does not move, accumulated in a
+    local (scalar replacement): an innermost reduction loop on the CPU, a thread's conv window on GPUs."""
 
-    loop: LFor
+    loops: tuple[LFor, ...]  # a perfect nest, outermost first, around ``call``
     call: LCall
-    simd: bool = False  # as an `omp simd` reduction
+    simd: bool = False  # one loop, as an `omp simd` reduction
+
+    @property
+    def loop(self) -> LFor:
+        return self.loops[0]
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         out.append(f"{pad}// {'; '.join(how)}")
         _print(n.loop, depth, out)
     elif isinstance(n, LAccum):
-        out.append(f"{pad}// accumulate {n.call.stmt} over {n.loop.var} in a local{' (simd)' if n.simd else ''}")
+        over = ", ".join(f.var for f in n.loops)
+        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{' (simd)' if n.simd else ''}")
         _print(n.loop, depth, out)
     elif isinstance(n, LCopy):
         box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))
