@@ -45,6 +45,7 @@ from tcdsl.printer import stmt as print_stmt
 from . import memshare, transpose, vecisa, vecloop, vectile
 from .facts import Facts
 from .writer import LineWriter
+from .writer import unparen as _top
 
 CTYPE = {
     "bool": "bool", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
@@ -788,16 +789,3 @@ def _schedule(n: LFor) -> str:
         m = trip_count(inner)
         trips = None if m is None else trips * m
     return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
-
-
-def _top(text: str) -> str:
-    """Drop one pair of outer parentheses (OpenMP wants `c0 < N`, not `(c0 < N)`)."""
-    if text.startswith("(") and text.endswith(")"):
-        depth = 0
-        for i, ch in enumerate(text):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0 and i < len(text) - 1:
-                return text
-        return text[1:-1]
-    return text

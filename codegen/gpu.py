@@ -23,8 +23,9 @@ from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr
 from tcdsl.polyhedral.scop import Scop
 
 from . import regtile
-from .c import CTYPE, ErrorSite, _Emitter, _top
+from .c import CTYPE, ErrorSite, _Emitter
 from .lower import accumulation
+from .writer import unparen as _top
 
 DIALECTS = ("cuda", "opencl")
 ERR_INTS = 4  # the error flags every kernel takes last: int32 code, pad, int64 value (see tc_fail)

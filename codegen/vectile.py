@@ -41,6 +41,7 @@ from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_te
 
 from .facts import Facts
 from .vecisa import vector_type
+from .writer import unparen
 
 if TYPE_CHECKING:
     from .c import _Emitter
@@ -287,13 +288,6 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
         w.line("}")
     for key in tiles:
         w.line(f"{v}_store(&{target(*key)}, {acc[key]});")
-
-
-def unparen(text: str) -> str:
-    """The C emitter's ``_top``: one pair of outer parentheses dropped."""
-    from .c import _top
-
-    return _top(text)
 
 
 def _init(f: LFor) -> int:

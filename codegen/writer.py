@@ -1,4 +1,4 @@
-"""An indented line buffer: the emitters' output device (``lines -> str``)."""
+"""An indented line buffer: the emitters' output device (``lines -> str``), and ``unparen``."""
 
 from __future__ import annotations
 
@@ -42,3 +42,16 @@ class LineWriter:
 
     def text(self) -> str:
         return "\n".join(self._lines) + "\n"
+
+
+def unparen(text: str) -> str:
+    """Drop one pair of outer parentheses (OpenMP wants `c0 < N`, not `(c0 < N)`)."""
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(text) - 1:
+                return text
+        return text[1:-1]
+    return text
