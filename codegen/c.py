@@ -32,10 +32,12 @@ from tcdsl.polyhedral.loopir import (
     LNode,
     LoopIR,
     LOp,
+    LPack,
     LReset,
     LTile,
     LTranspose,
     LVar,
+    trip_bound,
     trip_count,
     walk,
 )
@@ -263,6 +265,54 @@ class _Emitter(Facts):
             self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
                         f"contracted to a scalar")
 
+    def _pack(self, p: LPack) -> None:
+        """The panels of ``p`` copied into a local buffer, then its body, whose vector tile reads
+        them (codegen.vectile.vexpr) instead of the tensor."""
+        w = self.w
+        tile = next(x for x in walk(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
+                    and tuple(g.var for g in x.serial) == p.serial)
+        panel = [x for x in walk(p.body) if isinstance(x, LFor) and x.var == p.panel][:1]
+        st = self.scop.stmt(p.stmt)
+        s = self.scop.tc_statement(st.name)
+        r = reads(s.rhs)[p.read]
+        args = dict(zip(st.indices, tile.call.args))
+        vec = tile.inner[-1]
+        ctype = CTYPE[self.tensors[r.tensor].dtype]
+        steps = [f"({g.var} - {_top(self._lexpr(g.init))}) / {g.step}" for g in panel]
+        stride, terms = 1, []
+        for g in reversed(tile.serial):
+            terms.append(f"({g.var} - {_top(self._lexpr(g.init))})" + (f" * {stride}" if stride != 1 else ""))
+            count = trip_bound(g)
+            assert count is not None
+            stride *= count
+        depth = " + ".join(reversed(terms))
+        base = f"({steps[0]} * {p.depth} + {depth}) * {p.width}" if steps else f"({depth}) * {p.width}"
+        w.line(f"{{  // statement {s.number}'s register tiles read {r.tensor} from {p.panels} packed panels of "
+               f"{p.depth} x {p.width}")
+        w.push()
+        w.line(f"{ctype} {p.buffer}[{p.panels * p.depth * p.width}] __attribute__((aligned(64)));")
+        for g in (*panel, *tile.serial):
+            w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
+                   f"{g.var} += {g.step}) {{")
+            w.push()
+        env = {i: f"({_top(self._lexpr(a))})" for i, a in args.items()}
+        subs = tuple(x for x in r.subs if isinstance(x, Sym))
+        w.line(f"const long pk = {base};")
+        w.line("#pragma omp simd")
+        w.line(f"for (long {vec.var} = {_top(self._lexpr(vec.init))}; {_top(self._lexpr(vec.cond))}; "
+               f"{vec.var} += 1) {{")
+        w.line(f"  {p.buffer}[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
+               f"{self._access(r.tensor, subs, env)};")
+        w.line("}")
+        for _ in (*panel, *tile.serial):
+            w.pop()
+            w.line("}")
+        self.packed[id(r)] = f"{p.buffer}[{base} + "
+        self._body(p.body)
+        del self.packed[id(r)]
+        w.pop()
+        w.line("}")
+
     def _reset(self, r: LReset) -> None:
         size = memshare.elements(self.shapes[r.tensor])
         self.w.line(f"memset({self.var[r.tensor]}, 0, {size}L * sizeof({CTYPE[self.tensors[r.tensor].dtype]}));  "
@@ -281,6 +331,8 @@ class _Emitter(Facts):
             self._decl(n)
         elif isinstance(n, LReset):
             self._reset(n)
+        elif isinstance(n, LPack):
+            self._pack(n)
         elif isinstance(n, LFor):
             hoisted = self._hoist(n)
             self.hoisted.update(hoisted)

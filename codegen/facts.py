@@ -30,6 +30,7 @@ class Facts:
         self.rows: dict[str, tuple[int, ...]] = {}  # temporaries in one row buffer -> the dims fixed there
         self.scalars: set[str] | dict[str, str] = set()  # contracted temporaries in scope (the emitter: -> C name)
         self.hoisted: dict[int, str] = {}  # id(Read) -> the local loaded before the current loop
+        self.packed: dict[int, str] = {}  # id(Read) -> its packed buffer's element, less the lane ("buf[... + ")
 
     @property
     def in_memory(self) -> set[str]:

@@ -210,9 +210,16 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
             return f"(tc_vf_set1(1.0f) / (tc_vf_set1(1.0f) + tc_vf_exp(-{arg})))"
         return f"tc_vf_{e.fn}({arg})"
     assert isinstance(e, Read)
+    if id(e) in em.packed and "@lane" in env:  # codegen.lower's pack pass: from the panels
+        at = f"{em.packed[id(e)]}{env['@lane']}]"
+        return _named(f"{v}_load(&{at})", True, loads)
     at = em._read(e, env, s)
     along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
-    text = f"{v}_load(&{at})" if along else f"{v}_set1({at})"
+    return _named(f"{v}_load(&{at})" if along else f"{v}_set1({at})", along, loads)
+
+
+def _named(text: str, along: bool, loads: dict[str, str] | None) -> str:
+    """``text``, or (with ``loads``) the local it is loaded into once."""
     if loads is None:
         return text
     if text not in loads:
@@ -238,7 +245,9 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     def env_at(combo: tuple[int, ...], start: int) -> dict[str, str]:
         values = {f.var: _init(f) + k for f, k in zip(outer, combo)}
         values[vec.var] = _init(vec) + start
-        return {name: f"({em._lexpr(_substitute(a, values))})" for name, a in args.items()}
+        env = {name: f"({em._lexpr(_substitute(a, values))})" for name, a in args.items()}
+        env["@lane"] = str(start)  # the vector's place in the row, for packed reads
+        return env
 
     def target(combo: tuple[int, ...], start: int) -> str:
         return em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env_at(combo, start))

@@ -170,6 +170,25 @@ class LAccum(LNode):
 
 
 @dataclass(frozen=True)
+class LPack(LNode):
+    """CPU: before ``body``, copy what a register tile's vector read of ``tensor`` (read number
+    ``read`` of statement ``stmt``) takes across ``panel`` (a loop of ``body`` moving along the row;
+    "" for none) and the ``serial`` loops into ``buffer``: ``panels`` panels of ``depth`` steps of
+    ``width`` contiguous elements, in the order the tile reads them."""
+
+    buffer: str
+    tensor: str
+    stmt: str
+    read: int
+    panel: str
+    serial: tuple[str, ...]
+    width: int
+    panels: int
+    depth: int
+    body: tuple[LNode, ...]
+
+
+@dataclass(frozen=True)
 class LoopIR:
     body: tuple[LNode, ...]
     owners: tuple[tuple[str, str], ...] = ()  # CPU: (temporary, the temporary whose buffer it uses)
@@ -185,7 +204,7 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
     """Every node of a loop body, outermost first."""
     for n in nodes:
         yield n
-        if isinstance(n, (LFor, LMark, LCopy)):
+        if isinstance(n, (LFor, LMark, LCopy, LPack)):
             yield from walk(n.body)
         elif isinstance(n, LTile):
             yield from walk((n.loop,))
@@ -302,6 +321,12 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
             _print(b, depth, out)
     elif isinstance(n, LSync):
         out.append(f"{pad}sync()")
+    elif isinstance(n, LPack):
+        across = ", ".join(([n.panel] if n.panel else []) + list(n.serial))
+        out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {n.panels} panels x "
+                   f"{n.depth} steps x {n.width}, across {across}")
+        for b in n.body:
+            _print(b, depth, out)
     elif isinstance(n, LDecl):
         where = "one scalar" if n.kind == "scalar" else f"one row (dims {list(n.fixed)} fixed here)"
         out.append(f"{pad}temporary {n.tensor} in {where}")

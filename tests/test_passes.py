@@ -101,3 +101,37 @@ def test_every_pass_computes_what_the_interpreter_does(name: str, cpu: str, monk
                            f"{name} on {cpu} after the {pass_name} pass under {options}")
             ran += 1
     assert ran >= 3
+
+
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(50, 300), (100, 1000), (200, 150)])  # (M, K); rows of B are 4 KiB
+def test_packed_panels_compute_the_product(shape: tuple[int, int], dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack pass on AVX2, where rows of B 4 KiB apart fall into one L1 set: partial row tiles
+    (M = 50 is 8 tiles of 6 and one of 2), partial reduction blocks (K = 300, 1000)."""
+    if "avx2" not in _runnable():
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    m, kk = shape
+    n = 4096 // np.dtype(dtype).itemsize
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((m, kk)).astype(dtype)
+    B = rng.standard_normal((kk, n)).astype(dtype)
+    k = tc.define(MM.replace("float(", f"{dtype}("))
+    assert "pack B" in lower.trace(k.lowered(A, B).passes)
+    got = k(A, B)
+    want = A.astype(np.float64) @ B.astype(np.float64)
+    bound = 2 * kk * np.finfo(dtype).eps * np.abs(A).max() * np.abs(B).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
+@pytest.mark.parametrize("target,columns,packed", [("avx2", 1024, True), ("avx2", 1088, False), ("avx2", 1000, False),
+                                                   ("avx512", 1024, False)])
+def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, packed: bool) -> None:
+    """4 KiB rows put a panel's 128 rows in one L1 set; 4352-byte rows spread them over 16 sets
+    of 8 (as many as the ways), 4000-byte rows over all of them. AVX-512 loads whole lines."""
+    k = tc.define(MM)
+    low = k.lowered(np.zeros((96, 1000), np.float32), np.zeros((1000, columns), np.float32), target=target)
+    assert ("pack B" in lower.trace(low.passes)) == packed
