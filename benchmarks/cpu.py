@@ -1,6 +1,7 @@
 """CPU benchmark: tcdsl's C backend against numpy/BLAS and PyTorch eager, side by side in one process.
 
 usage: .venv/bin/python benchmarks/cpu.py [--only NAME[,NAME...]] [--rounds N] [--no-torch] [--options JSON]
+                                          [--peers-isa avx2]
 
 Every contender runs in this one process, timed round-robin (each round times one call of each
 contender, the starting contender rotating), so that the load of a shared machine hits all alike;
@@ -31,8 +32,24 @@ _BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _UNSET_MARK = "TCDSL_BENCH_UNSET_BLAS_ENV"  # records, across the re-exec, what was unset
 
 
+# --peers-isa avx2: numpy's OpenBLAS, torch's ATen and oneDNN kernels limited to AVX2, as on a
+# machine without AVX-512 (run with TCDSL_CPU=avx2 to compare tcdsl's AVX2 code with theirs)
+_PEERS_AVX2 = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+_PEERS_MARK = "TCDSL_BENCH_PEERS_ISA"
+
+
 def _clean_blas_env() -> None:
-    """Unset the OpenBLAS overrides, then re-exec so that numpy's BLAS starts from a clean environment."""
+    """Unset the OpenBLAS overrides (or, with --peers-isa avx2, set the peers' AVX2 limits), then
+    re-exec so that numpy's BLAS and torch start from that environment."""
+    avx2 = "--peers-isa=avx2" in sys.argv or any(a == "--peers-isa" and b == "avx2"
+                                                  for a, b in zip(sys.argv, sys.argv[1:]))
+    if avx2:
+        if os.environ.get(_PEERS_MARK) == "avx2":
+            return
+        os.environ.update(_PEERS_AVX2)
+        os.environ.pop("OPENBLAS_L2_SIZE", None)
+        os.environ[_PEERS_MARK] = "avx2"
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
     found = [f"{v}={os.environ[v]}" for v in _BLAS_ENV if v in os.environ]
     if not found:
         return
@@ -349,6 +366,8 @@ def describe_machine(torch: Any, torch_note: str, options: MappingOptions) -> No
         print(f"- C compiler: unknown ({e})")
     unset = os.environ.get(_UNSET_MARK)
     print(f"- BLAS environment: {'unset for this process: ' + unset if unset else 'no OPENBLAS_CORETYPE/L2_SIZE set'}")
+    if os.environ.get(_PEERS_MARK) == "avx2":
+        print(f"- peers limited to AVX2 (--peers-isa avx2): {', '.join(f'{k}={v}' for k, v in _PEERS_AVX2.items())}")
     try:
         from threadpoolctl import threadpool_info
 
@@ -996,6 +1015,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help=f"rounds per kernel (default: sized to ~{TIME_BUDGET_S:g} s of timing "
                                                 f"per kernel, {MIN_ROUNDS} to {MAX_ROUNDS})")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch column")
+    ap.add_argument("--peers-isa", choices=["avx2"], help="limit numpy's BLAS and torch to AVX2 kernels, as on a "
+                    "machine without AVX-512 (with TCDSL_CPU=avx2: every contender on AVX2)")
     ap.add_argument("--options", help="tcdsl MappingOptions as JSON, e.g. '{\"tile\": [32, 32, 32]}'")
     ap.add_argument("--tune", type=float, metavar="SECONDS",
                     help="also autotune each kernel for this long and time its best options ('tcdsl tuned'); "

@@ -437,6 +437,10 @@ class _Emitter(Facts):
                 w.line(f"if ({' && '.join(_top(self._lexpr(x)) for x in vt.full)}) {{")
                 with w.indent():
                     vectile.emit(self, vt, rt.identity)
+                if vt.shift is not None and vt.shift_ok is not None:
+                    w.line(f"}} else if ({_top(self._lexpr(vt.shift_ok))}) {{  // the row's last {rt.extents[-1]}")
+                    with w.indent():
+                        vectile.emit(self, vt, rt.identity, vt.shift)
                 w.line("} else")
                 w.line("#endif")
                 w.line("{")

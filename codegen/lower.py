@@ -257,12 +257,25 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
     reductions vectorised by the compiler (`omp simd`), a strided window inside the tile loops."""
     if not f.vectorize:
         return ir
+    omp: dict[int, frozenset[str]] = {}
+
+    def scan(body: tuple[LNode, ...], outer: frozenset[str]) -> None:
+        for n in body:
+            if isinstance(n, LFor):
+                scan(n.body, outer | {n.var} if n.omp else outer)
+            elif isinstance(n, LIf):
+                scan(n.then, outer)
+                scan(n.other, outer)
+            elif isinstance(n, LTile):
+                omp[id(n)] = outer
+
+    scan(ir.body, frozenset())
 
     def visit(n: LNode) -> LNode | None:
         if isinstance(n, LTile):
             inside = _interleaved(n, f)
             simd = n.inner[-1].parallel
-            vt = vectile.plan(f, n) if f.VECTOR_TILES and inside is None else None
+            vt = vectile.plan(f, n, omp.get(id(n), frozenset())) if f.VECTOR_TILES and inside is None else None
             return replace(n, simd=simd, inside=inside.var if inside is not None else "", vector=vt,
                            vector_text=str(vt) if vt is not None else "")
         if isinstance(n, LAccum):
@@ -364,7 +377,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
     args = dict(zip(st.indices, t.call.args))
     vec, rows = t.inner[-1], t.inner[:-1]
     width = t.extents[-1]
-    if any(x.step != 1 for x in t.serial) or not isinstance(vec.init, LInt):
+    if any(x.step != 1 for x in t.serial) or not isinstance(vec.init, LInt) or vt.shift is not None:
         return None
     for pos, r in enumerate(reads(s.rhs)):
         if r.conditional or r.tensor == s.tensor or r.tensor not in f.in_memory:

@@ -76,14 +76,23 @@ class VectorTile:
     starts: tuple[int, ...]  # offsets of the vectors in a row (the last may overlap the one before)
     lanes: int  # elements per vector
     full: tuple[LExpr, ...] = ()  # tests that a partial tile (``c6 <= min(5, N - c3)``) is whole this time
+    # a row cut short runs as a whole tile ending at its last element: its first value of the vector
+    # loop, and the test that the shifted tile still starts inside the row
+    shift: LExpr | None = None
+    shift_ok: LExpr | None = None
 
     def __str__(self) -> str:
         text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
-        return text + (f", whole when {' && '.join(expr_text(x) for x in self.full)}" if self.full else "")
+        if self.full:
+            text += f", whole when {' && '.join(expr_text(x) for x in self.full)}"
+        if self.shift is not None and self.shift_ok is not None:
+            text += f", else from {expr_text(self.shift)} when {expr_text(self.shift_ok)}"
+        return text
 
 
-def plan(em: Facts, rt: LTile) -> VectorTile | None:
-    """The vector form of ``rt``, or None where the tile does not have one."""
+def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> VectorTile | None:
+    """The vector form of ``rt``, or None where the tile does not have one; ``omp_vars``: the
+    `omp parallel for` loops around it."""
     st = em.scop.stmt(rt.call.stmt)
     s = em.c.stmts[st.number - 1]
     dtype = em.tensors[s.tensor].dtype
@@ -126,7 +135,31 @@ def plan(em: Facts, rt: LTile) -> VectorTile | None:
         if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2):
             return None
         full.append(LOp(">=", (cond.args[1], LInt(_init(f) + e - (1 if cond.op == "<=" else 0)))))
-    return VectorTile(rt, s, row, starts, lanes, tuple(full))
+    shift = _shift(em, rt, s, row, args[row], omp_vars) if len(full) == 1 and trip_count(vec) is None else None
+    return VectorTile(rt, s, row, starts, lanes, tuple(full), *(shift or (None, None)))
+
+
+def _shift(em: Facts, rt: LTile, s: Statement, row: str, at: LExpr,
+           omp_vars: frozenset[str]) -> tuple[LExpr, LExpr] | None:
+    """A tile whose row is cut short (the last 6 of a 54-wide conv row in 8-wide tiles) computed as
+    a whole tile ending at the row's last element: the elements it shares with the tile before are
+    computed again from the identity, in the same order, and stored with the same bits. So only
+    where the tile runs the whole reduction from the identity, and where the tile before is in the
+    same thread (the loop stepping along the row is not an `omp parallel for` loop)."""
+    vec = rt.inner[-1]
+    cond = vec.cond
+    if not rt.identity or (expr_vars(at) - {vec.var}) & omp_vars:
+        return None
+    assert isinstance(cond, LOp)
+    last = cond.args[1] if cond.op == "<=" else LOp("-", (cond.args[1], LInt(1)))
+    start = LOp("-", (last, LInt(rt.extents[-1] - 1)))
+    box = next((r for r in s.ranges if r.name == row), None)
+    if box is None:
+        return None
+    lo = box.lo.subs({k: Sym.of(v) for k, v in em.scop.inst.sizes.items()})
+    if not lo.is_const():
+        return None
+    return start, LOp(">=", (_substitute(at, {vec.var: start}), LInt(lo.const)))
 
 
 def plus_var(e: LExpr, var: str) -> bool:
@@ -231,9 +264,10 @@ def _syms(r: Read) -> tuple[Sym, ...]:
     return tuple(x for x in r.subs if isinstance(x, Sym))
 
 
-def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
+def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None = None) -> None:
     """The tile in vectors: accumulators set (to the identity, or loaded from the target), the
-    serial loops around one unrolled step of every accumulator, then the stores."""
+    serial loops around one unrolled step of every accumulator, then the stores; with ``shift``,
+    the vector loop starts there (``VectorTile.shift``)."""
     rt, s, w = vt.rt, vt.stmt, em.w
     st = em.scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
@@ -243,8 +277,8 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool) -> None:
     acc = {key: f"a{k}" for k, key in enumerate(tiles)}
 
     def env_at(combo: tuple[int, ...], start: int) -> dict[str, str]:
-        values = {f.var: _init(f) + k for f, k in zip(outer, combo)}
-        values[vec.var] = _init(vec) + start
+        values: dict[str, int | LExpr] = {f.var: _init(f) + k for f, k in zip(outer, combo)}
+        values[vec.var] = _init(vec) + start if shift is None else LOp("+", (shift, LInt(start)))
         env = {name: f"({em._lexpr(_substitute(a, values))})" for name, a in args.items()}
         env["@lane"] = str(start)  # the vector's place in the row, for packed reads
         return env
@@ -304,9 +338,10 @@ def _init(f: LFor) -> int:
     return f.init.value
 
 
-def _substitute(e: LExpr, values: dict[str, int]) -> LExpr:
+def _substitute(e: LExpr, values: dict[str, int] | dict[str, int | LExpr] | dict[str, LExpr]) -> LExpr:
     if isinstance(e, LVar) and e.name in values:
-        return LInt(values[e.name])
+        v = values[e.name]
+        return LInt(v) if isinstance(v, int) else v
     if isinstance(e, LOp):
         args = tuple(_substitute(a, values) for a in e.args)
         if e.op == "+":  # fold the constants: ``c2 + 16``, not ``c2 + 0 + 16``
