@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -338,7 +339,7 @@ def _init(f: LFor) -> int:
     return f.init.value
 
 
-def _substitute(e: LExpr, values: dict[str, int] | dict[str, int | LExpr] | dict[str, LExpr]) -> LExpr:
+def _substitute(e: LExpr, values: Mapping[str, int | LExpr]) -> LExpr:
     if isinstance(e, LVar) and e.name in values:
         v = values[e.name]
         return LInt(v) if isinstance(v, int) else v
