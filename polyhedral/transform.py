@@ -258,7 +258,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
                 return e
             # keep the tile within the accumulator registers: one vector per row with two row
             # members, the budget over ROW_REGISTER_ONE rows with one
-            wide = lanes if len(rows) > 1 else max(1, budget // ROW_REGISTER_ONE) * lanes
+            wide = lanes if len(rows) > 1 else max(1, budget // ROW_REGISTER_ONE) * lanes if rows else \
+                max(1, budget // 2) * lanes  # one row (a window reduction): half the accumulators
             exact = [d for d in range(wide, lanes // 2 - 1, -1) if e % d == 0]  # full tiles: constant trip counts
             if exact and e < 4 * wide:
                 return exact[0]
