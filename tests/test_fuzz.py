@@ -74,7 +74,7 @@ def test_valid_defs_run_on_the_interpreter(case: F.Case) -> None:
 
 
 @pytest.mark.cpu
-@_settings(40, slow=False)
+@_settings(25, slow=False)
 @given(F.cases())
 def test_valid_defs_agree_between_c_and_the_interpreter(case: F.Case) -> None:
     _differential(case)
