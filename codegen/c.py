@@ -58,6 +58,7 @@ CTYPE = {
 PRELUDE = r"""#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))
@@ -67,6 +68,10 @@ PRELUDE = r"""#include <math.h>
 #define tc_min(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
 #define tc_max(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
 #define tc_abs(a) ((a) < 0 ? -(a) : (a))
+/* buffers the kernel allocates (packed panels); a build may define its own (tests make it fail) */
+#ifndef tc_aligned_alloc
+#define tc_aligned_alloc aligned_alloc
+#endif
 
 /* floor division and modulo (Python's); d == -1 is separate because LONG_MIN / -1 traps on x86 */
 static inline long tc_fdiv(long n, long d) {
@@ -155,7 +160,7 @@ def vector_math_decls() -> str:
 @dataclass(frozen=True)
 class ErrorSite:
     code: int
-    kind: str  # "gather", "read", "division" or "modulo"
+    kind: str  # "gather", "read", "division", "modulo", or "memory" (a buffer the kernel allocates)
     stmt: int  # TC statement number
     tensor: str
     dim: int
@@ -233,7 +238,11 @@ class _Emitter(Facts):
         for name, owner in owners.items():
             self.var[name] = self.var[owner]
         with w.indent():
+            packs = [n for n in walk(ir.body) if isinstance(n, LPack)]
+            self._pack_buffers(packs)
             self._body(ir.body)
+            for p in packs:
+                w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
         w.line("}")
         if self.mathlib:
@@ -265,6 +274,42 @@ class _Emitter(Facts):
             self.w.line(f"{CTYPE[self.tensors[name].dtype]} {self.scalars[name]};  // temporary {name}, "
                         f"contracted to a scalar")
 
+    def _pack_buffers(self, packs: list[LPack]) -> None:
+        """One heap buffer per pack and thread, allocated before anything is written: where it
+        cannot be had, the kernel stops with a located error and its outputs untouched."""
+        if not packs:
+            return
+        w = self.w
+        w.line("#ifdef _OPENMP")
+        w.line("const long tc_threads = omp_get_max_threads();")
+        w.line("#else")
+        w.line("const long tc_threads = 1;")
+        w.line("#endif")
+        codes = []
+        for p in packs:
+            size = self._pack_elements(p) * self._itemsize(p.tensor)
+            st = self.scop.tc_statement(p.stmt)
+            codes.append((p, size, self._site("memory", st, p.tensor, 0, st.span)))
+            ctype = CTYPE[self.tensors[p.tensor].dtype]
+            w.line(f"{ctype} *{p.buffer} = ({ctype} *)tc_aligned_alloc(64, tc_threads * {size}L);  "
+                   f"// packed panels of {p.tensor}, {size} bytes per thread")
+        w.line(f"if ({' || '.join(f'!{p.buffer}' for p in packs)}) {{")
+        with w.indent():
+            for p, size, code in codes:
+                w.line(f"if (!{p.buffer}) tc_fail(tc_err, {code}, tc_threads * {size}L);")
+                w.line(f"free({p.buffer});")
+            w.line("return (int)tc_err[0];")
+        w.line("}")
+
+    def _itemsize(self, tensor: str) -> int:
+        return int(np.dtype(self.tensors[tensor].dtype).itemsize)
+
+    def _pack_elements(self, p: LPack) -> int:
+        """Elements of one thread's buffer: the panels, rounded up to whole 64-byte lines (each
+        thread's buffer stays aligned, and aligned_alloc gets a multiple of its alignment)."""
+        per_line = 64 // self._itemsize(p.tensor)
+        return -(-p.panels * p.depth * p.width // per_line) * per_line
+
     def _pack(self, p: LPack) -> None:
         """The panels of ``p`` copied into a local buffer, then its body, whose vector tile reads
         them (codegen.vectile.vexpr) instead of the tensor."""
@@ -290,7 +335,11 @@ class _Emitter(Facts):
         w.line(f"{{  // statement {s.number}'s register tiles read {r.tensor} from {p.panels} packed panels of "
                f"{p.depth} x {p.width}")
         w.push()
-        w.line(f"{ctype} {p.buffer}[{p.panels * p.depth * p.width}] __attribute__((aligned(64)));")
+        w.line("#ifdef _OPENMP")
+        w.line(f"{ctype} *restrict pk_buf = {p.buffer} + omp_get_thread_num() * {self._pack_elements(p)}L;")
+        w.line("#else")
+        w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
+        w.line("#endif")
         for g in (*panel, *tile.serial):
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")
@@ -301,13 +350,13 @@ class _Emitter(Facts):
         w.line("#pragma omp simd")
         w.line(f"for (long {vec.var} = {_top(self._lexpr(vec.init))}; {_top(self._lexpr(vec.cond))}; "
                f"{vec.var} += 1) {{")
-        w.line(f"  {p.buffer}[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
+        w.line(f"  pk_buf[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
                f"{self._access(r.tensor, subs, env)};")
         w.line("}")
         for _ in (*panel, *tile.serial):
             w.pop()
             w.line("}")
-        self.packed[id(r)] = f"{p.buffer}[{base} + "
+        self.packed[id(r)] = f"pk_buf[{base} + "
         self._body(p.body)
         del self.packed[id(r)]
         w.pop()

@@ -142,8 +142,9 @@ class CKernel:
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
-        (no run-time checks), the buffers are C-contiguous and aligned, and none overlaps an input."""
-        if self.low.source.errors:
+        (no run-time checks; a failed allocation stops it before it writes anything), the buffers
+        are C-contiguous and aligned, and none overlaps an input."""
+        if any(e.kind != "memory" for e in self.low.source.errors):
             return False
         return all(o.flags.c_contiguous and o.flags.aligned and not any(np.may_share_memory(o, a)
                                                                        for a in inputs.values())
@@ -196,6 +197,9 @@ def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int,
     loc = site.span.location()  # type: ignore[attr-defined]
     if site.kind in ("division", "modulo"):
         return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)
+    if site.kind == "memory":
+        return TcRuntimeError(f"kernel {inst.checked.name} could not allocate {value} bytes for the packed "
+                              f"panels of '{site.tensor}' read by {s.describe()}", loc)
     return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
                           f"read at {value}, outside 0:{inst.shapes[site.tensor][site.dim]}", loc)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tcdsl.api import _c_ready, _coerce_inputs
 from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain
 from tcdsl.compiler import CKernel
-from tcdsl.errors import TcArgumentError
+from tcdsl.errors import TcArgumentError, TcRuntimeError
 from tcdsl.instance import bind_sizes
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
@@ -135,3 +136,25 @@ def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, p
     k = tc.define(MM)
     low = k.lowered(np.zeros((96, 1000), np.float32), np.zeros((1000, columns), np.float32), target=target)
     assert ("pack B" in lower.trace(low.passes)) == packed
+
+
+def test_a_failed_panel_allocation_is_a_located_error_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed panels live in heap buffers allocated when the kernel starts (not on thread stacks,
+    which may be small); built so that the allocation fails, the call raises a located
+    TcRuntimeError and leaves the caller's out= as it was."""
+    if "avx2" not in _runnable():
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    monkeypatch.setenv("CC", shlex.join([*toolchain.compiler(), "-Dtc_aligned_alloc(a,s)=((void *)0)"]))
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((50, 300)).astype(np.float32)
+    B = rng.standard_normal((300, 1024)).astype(np.float32)
+    k = tc.define(MM)
+    assert "packed panels" in k.source(A, B)
+    out = np.full((50, 1024), 7.0, np.float32)
+    with pytest.raises(TcRuntimeError, match="could not allocate .* bytes for the packed panels of 'B'") as e:
+        k(A, B, out=out)
+    assert e.value.location is not None and e.value.location.line == 1
+    assert (out == 7.0).all()
