@@ -60,7 +60,7 @@ Visit = Callable[[LNode], "LNode | tuple[LNode, ...] | None"]
 
 SMALL_INNER = 4  # a window reduction this short may run inside the vectorised tile loop (_interleaved)
 COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
-LOOPS = (LFor, LTile, LAccum, LTranspose)  # nodes that print as loops
+LOOPS = (LFor, LTile, LAccum, LTranspose, LPack)  # nodes that print as loops (or wrap them)
 
 
 def run(ir: LoopIR, facts: Facts) -> tuple[tuple[str, LoopIR], ...]:
