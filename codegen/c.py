@@ -311,8 +311,8 @@ class _Emitter(Facts):
         return -(-p.panels * p.depth * p.width // per_line) * per_line
 
     def _pack(self, p: LPack) -> None:
-        """The panels of ``p`` copied into a local buffer, then its body, whose vector tile reads
-        them (codegen.vectile.vexpr) instead of the tensor."""
+        """The panels of ``p`` copied into this thread's part of its buffer (``_pack_buffers``),
+        then its body, whose vector tile reads them (codegen.vectile.vexpr) instead of the tensor."""
         w = self.w
         tile = next(x for x in walk(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
                     and tuple(g.var for g in x.serial) == p.serial)
