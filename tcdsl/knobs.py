@@ -65,7 +65,8 @@ def force_recompile() -> bool:
 
 
 def dump_dir() -> Path | None:
-    """TCDSL_DUMP_DIR: if set, write each stage's text (scop, schedule, C) there."""
+    """TCDSL_DUMP_DIR: if set, write each stage's text there (scop, schedule, loop IR, the loop IR after each
+    lowering pass, C)."""
     d = os.environ.get("TCDSL_DUMP_DIR")
     return Path(d) if d else None
 
