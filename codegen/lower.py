@@ -262,7 +262,9 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
     def scan(body: tuple[LNode, ...], outer: frozenset[str]) -> None:
         for n in body:
             if isinstance(n, LFor):
-                scan(n.body, outer | {n.var} if n.omp else outer)
+                # the parallel pass may collapse an `omp parallel for` loop with the loop inside it
+                inner = {n.body[0].var} if len(n.body) == 1 and isinstance(n.body[0], LFor) else set()
+                scan(n.body, outer | {n.var} | inner if n.omp else outer)
             elif isinstance(n, LIf):
                 scan(n.then, outer)
                 scan(n.other, outer)
