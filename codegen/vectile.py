@@ -226,26 +226,28 @@ def elem_step(em: Facts, tensor: str, subs: tuple[Sym, ...], row: str) -> int | 
 
 
 def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
-          loads: dict[str, str] | None = None) -> str:
+          loads: dict[str, str] | None = None, lane: int | None = None) -> str:
     """``e`` as a vector expression (codegen.vecisa); with ``loads``, each distinct load or
-    broadcast is named there once (``load text -> local``) and the expression uses the names."""
+    broadcast is named there once (``load text -> local``) and the expression uses the names;
+    ``lane``: the vector's offset in its tile row, where a read comes from packed panels."""
     v = vector_type(e.dtype)
     if isinstance(e, Const):
         return f"{v}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
-        return f"({vexpr(em, e.lhs, env, s, row, loads)} {LOOP_OPS[e.op]} {vexpr(em, e.rhs, env, s, row, loads)})"
+        a, b = vexpr(em, e.lhs, env, s, row, loads, lane), vexpr(em, e.rhs, env, s, row, loads, lane)
+        return f"({a} {LOOP_OPS[e.op]} {b})"
     if isinstance(e, Unop):
-        return f"(-{vexpr(em, e.arg, env, s, row, loads)})"
+        return f"(-{vexpr(em, e.arg, env, s, row, loads, lane)})"
     if isinstance(e, Call) and e.fn in ("max", "min"):
-        return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads) for a in e.args)})"
+        return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads, lane) for a in e.args)})"
     if isinstance(e, Call):
-        arg = vexpr(em, e.args[0], env, s, row, loads)
+        arg = vexpr(em, e.args[0], env, s, row, loads, lane)
         if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))
             return f"(tc_vf_set1(1.0f) / (tc_vf_set1(1.0f) + tc_vf_exp(-{arg})))"
         return f"tc_vf_{e.fn}({arg})"
     assert isinstance(e, Read)
-    if id(e) in em.packed and "@lane" in env:  # codegen.lower's pack pass: from the panels
-        at = f"{em.packed[id(e)]}{env['@lane']}]"
+    if id(e) in em.packed and lane is not None:  # codegen.lower's pack pass: from the panels
+        at = f"{em.packed[id(e)]}{lane}]"
         return _named(f"{v}_load(&{at})", True, loads)
     at = em._read(e, env, s)
     along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
@@ -281,7 +283,6 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         values: dict[str, int | LExpr] = {f.var: _init(f) + k for f, k in zip(outer, combo)}
         values[vec.var] = _init(vec) + start if shift is None else LOp("+", (shift, LInt(start)))
         env = {name: f"({em._lexpr(_substitute(a, values))})" for name, a in args.items()}
-        env["@lane"] = str(start)  # the vector's place in the row, for packed reads
         return env
 
     def target(combo: tuple[int, ...], start: int) -> str:
@@ -301,18 +302,21 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         w.push()
     loads: dict[str, str] = {}
     updates = []
-    for key in tiles:
-        env = env_at(*key)
+    for combo, start in tiles:
+        key = (combo, start)
+        env = env_at(combo, start)
+
+        def vx(e: TExpr, env: dict[str, str] = env, lane: int = start) -> str:
+            return vexpr(em, e, env, s, vt.row, loads, lane)
+
         if s.op in ("max", "min"):  # as the scalar tc_max/tc_min: NaN-propagating, ties to the new value
-            updates.append(f"{acc[key]} = {v}_{s.op}({acc[key]}, {vexpr(em, s.rhs, env, s, vt.row, loads)});")
+            updates.append(f"{acc[key]} = {v}_{s.op}({acc[key]}, {vx(s.rhs)});")
         elif s.op == "*":
-            updates.append(f"{acc[key]} = {acc[key]} * {vexpr(em, s.rhs, env, s, vt.row, loads)};")
+            updates.append(f"{acc[key]} = {acc[key]} * {vx(s.rhs)};")
         elif isinstance(s.rhs, Binop) and s.rhs.op == "*":
-            a = vexpr(em, s.rhs.lhs, env, s, vt.row, loads)
-            b = vexpr(em, s.rhs.rhs, env, s, vt.row, loads)
-            updates.append(f"{acc[key]} = {v}_fma({a}, {b}, {acc[key]});")
+            updates.append(f"{acc[key]} = {v}_fma({vx(s.rhs.lhs)}, {vx(s.rhs.rhs)}, {acc[key]});")
         else:
-            updates.append(f"{acc[key]} = {acc[key]} + {vexpr(em, s.rhs, env, s, vt.row, loads)};")
+            updates.append(f"{acc[key]} = {acc[key]} + {vx(s.rhs)};")
     # the vector loads first, kept in registers; each broadcast just before its first use, so
     # that a tile using all but a few registers (AVX2's 12 of 16) holds one broadcast at a time
     kept = [name for text, name in loads.items() if "_load(" in text]

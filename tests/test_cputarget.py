@@ -24,9 +24,11 @@ from tcdsl.tuner import space as S
 
 try:
     from defs import DEFS, assert_matches, make_inputs
+    from targets import runnable_of
 except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, assert_matches, make_inputs
+    from targets import runnable_of
 
 X86 = {"x86_64"}
 
@@ -112,14 +114,7 @@ def test_the_target_is_in_the_tuning_key(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _runnable() -> list[str]:
-    out = []
-    for name in ("native", "avx2"):
-        try:
-            cputarget.named(name, toolchain.native_target(tuple(toolchain.compiler())))
-            out.append(name)
-        except TcArgumentError:
-            pass
-    return out
+    return runnable_of("native", "avx2")
 
 
 PICKED = ["matmul", "matmul_tn", "batch_matmul", "gemm_alpha_beta", "conv2d_valid", "conv2d_strided",

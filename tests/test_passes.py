@@ -21,7 +21,7 @@ from tcdsl.api import _c_ready, _coerce_inputs
 from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain
 from tcdsl.compiler import CKernel
-from tcdsl.errors import TcArgumentError, TcRuntimeError
+from tcdsl.errors import TcRuntimeError
 from tcdsl.instance import bind_sizes
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
@@ -29,9 +29,11 @@ from tcdsl.tuner import space as S
 
 try:
     from defs import DEFS, assert_matches, make_inputs
+    from targets import runnable_of
 except ImportError:  # run from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, assert_matches, make_inputs
+    from targets import runnable_of
 
 pytestmark = pytest.mark.cpu
 
@@ -42,14 +44,7 @@ PICKED = ["matmul", "conv2d_strided", "maxpool_2x2_s2", "softmax", "layernorm", 
 
 
 def _runnable() -> list[str]:
-    out = []
-    for name in ("native", "avx2"):
-        try:
-            cputarget.named(name, toolchain.native_target(tuple(toolchain.compiler())))
-            out.append(name)
-        except TcArgumentError:
-            pass
-    return out
+    return runnable_of("native", "avx2")
 
 
 def test_the_passes_run_in_the_listed_order() -> None:
