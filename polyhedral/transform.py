@@ -20,6 +20,7 @@ from tcdsl import knobs
 from tcdsl.affine import Sym, Var
 from tcdsl.options import MappingOptions
 
+from . import split
 from .cputarget import GENERIC, CpuTarget
 from .deps import Deps, respects
 from .schedule import check_legal
@@ -49,6 +50,7 @@ def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptio
               target: CpuTarget = GENERIC) -> isl.Schedule:
     node = _split_inits(sched.get_root(), deps)
     node = _distribute_mixed(node, deps)
+    node = split.run(node, scop, deps)
     node = _visit(node, scop, deps, options, target)
     out = node.get_schedule()
     check_legal(out, deps)

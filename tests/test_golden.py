@@ -30,6 +30,10 @@ DEFS = {
                [(96, 80), (80, 100)]),
     "conv2d": ("def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
                "  O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)\n}", [(2, 8, 20, 20), (8, 8, 3, 3)]),
+    "conv_same": ("def conv_same(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
+                  "  O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw)\n"
+                  "    where h in 0:H, w in 0:W\n}",
+                  [(2, 4, 12, 20), (8, 4, 3, 3)]),
     "softmax": ("def softmax(float(N,D) X) -> (Y) {\n  mx(n) max=! X(n,r_d)\n  e(n,d) = exp(X(n,d) - mx(n))\n"
                 "  s(n) +=! e(n,r_d)\n  Y(n,d) = e(n,d) / s(n)\n}", [(16, 200)]),
     "maxpool": ("def pool(float(N,C,H,W) I) -> (O) {\n  O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) "

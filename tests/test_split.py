@@ -1,0 +1,174 @@
+"""Index-set splitting (polyhedral.split): a statement whose padding-by-domain guards tie an output
+index to a reduction index is cut into a guard-free interior and boundary pieces. The pieces
+partition the domain; the interior gets the register tiles and vectors of an unpadded statement;
+and the C computes what the reference interpreter does, for every piece, at sizes where pieces
+are empty or the interior is, on this machine's vector width and on AVX2, under the default
+options and options drawn from the tuner's space."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from pathlib import Path
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import tcdsl as tc
+from tcdsl.instance import bind_sizes
+from tcdsl.options import MappingOptions
+from tcdsl.polyhedral import split
+from tcdsl.tuner import space as S
+
+try:
+    from targets import runnable_of
+    from tolerance import assert_close, reduction_scale
+except ImportError:  # run from another directory
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from targets import runnable_of
+    from tolerance import assert_close, reduction_scale
+
+SAME = """def same(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+}"""
+
+
+def _conv_domain(H: int, W: int) -> isl.Set:
+    return isl.Set(f"{{ S[h, w, kh, kw] : 0 <= h < {H} and 0 <= w < {W} and 0 <= kh < 3 and 0 <= kw < 3 and "
+                   f"0 <= h + kh - 1 < {H} and 0 <= w + kw - 1 < {W} }}")
+
+
+def _pieces_of(low: object, stmt: str) -> int:
+    """The filters of the final schedule that hold ``stmt`` alone (one per piece)."""
+    filters = re.findall(r'filter: "([^"]*)"', str(low.final.get_root()))  # type: ignore[attr-defined]
+    return sum(1 for f in filters if set(re.findall(r"(\w+)\[i0", f)) == {stmt})
+
+
+def _range(piece: isl.Set, d: int) -> tuple[int, int]:
+    return piece.dim_min_val(d).to_python(), piece.dim_max_val(d).to_python()
+
+
+def test_a_same_convolution_splits_into_an_interior_box_and_its_border() -> None:
+    dom = _conv_domain(10, 12)
+    pieces = split.pieces(dom, 2)
+    assert len(pieces) == 9
+    assert [(_range(p, 0), _range(p, 1)) for p in pieces][4] == ((1, 8), (1, 10))  # the interior
+    interior = pieces[4]
+    assert _range(interior, 2) == (0, 2) and _range(interior, 3) == (0, 2)
+    # every point of the interior's bounding box is in it: no guard is left
+    box = isl.Set("{ S[h, w, kh, kw] : 1 <= h <= 8 and 1 <= w <= 10 and 0 <= kh < 3 and 0 <= kw < 3 }")
+    assert interior.is_equal(box)
+    union = pieces[0]
+    for k, p in enumerate(pieces):
+        for q in pieces[k + 1:]:
+            assert p.intersect(q).is_empty()
+        union = union.union(p)
+    assert union.is_equal(dom)
+
+
+@pytest.mark.parametrize("text,outer", [
+    ("{ S[h, kh] : 0 <= h < 10 and 0 <= kh < 3 }", 1),  # a box: nothing to split
+    ("{ S[i, j, k] : 0 <= i < 8 and 0 <= j < 8 and 0 <= k < 3 and i + j + k < 12 }", 2),  # ties two outputs
+    ("{ S[h, kh] : 0 <= h < 10 and 0 <= kh < 3 and h + kh < 11 and h - kh != 4 }", 1),  # not one convex piece
+    ("{ S[h] : 0 <= h < 10 }", 1),  # no reduction index
+])
+def test_domains_without_one_interior_per_index_stay_whole(text: str, outer: int) -> None:
+    dom = isl.Set(text)
+    assert split.pieces(dom, outer) == [dom]
+
+
+def test_an_interior_off_centre_is_cut_where_the_guards_end() -> None:
+    dom = isl.Set("{ S[h, kh] : 0 <= h < 10 and 0 <= kh < 3 and 0 <= h - 4 * kh }")
+    pieces = split.pieces(dom, 1)
+    assert [_range(p, 0) for p in pieces] == [(0, 7), (8, 9)]
+    assert pieces[1].is_equal(isl.Set("{ S[h, kh] : 8 <= h <= 9 and 0 <= kh < 3 }"))
+    assert pieces[0].union(pieces[1]).is_equal(dom)
+
+
+def test_the_interior_is_tiled_as_an_unpadded_convolution() -> None:
+    k = tc.define(SAME)
+    I = np.zeros((2, 8, 30, 40), np.float32)
+    W1 = np.zeros((16, 8, 3, 3), np.float32)
+    low = k.lowered(I, W1, target="avx512")
+    assert _pieces_of(low, "S1") == 9
+    loops = str(low.passes[-1][1])
+    assert "lanes per row" in loops  # vector register tiles, as in an unpadded conv
+    interior = [line for line in loops.splitlines() if "register tile of S1" in line]
+    assert any("x38" in line for line in interior), interior  # whole 38-wide interior rows (w in 1..38)
+
+
+# (source, input shapes, reference) -- references in float64 from padded inputs
+def _np_conv(I: np.ndarray, W: np.ndarray, pad: tuple[int, int], stride: int = 1) -> np.ndarray:
+    Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    F, _, KH, KW = W.shape
+    Ho = (Ip.shape[2] - KH) // stride + 1
+    Wo = (Ip.shape[3] - KW) // stride + 1
+    out = np.zeros((I.shape[0], F, Ho, Wo))
+    for kh in range(KH):
+        for kw in range(KW):
+            patch = Ip[:, :, kh:kh + stride * (Ho - 1) + 1:stride, kw:kw + stride * (Wo - 1) + 1:stride]
+            out += np.einsum("nchw,fc->nfhw", patch, W[:, :, kh, kw].astype(np.float64))
+    return out
+
+
+CASES = {
+    "same3x3": (SAME, lambda n, h, w: [(n, 3, h, w), (5, 3, 3, 3)], lambda I, W: _np_conv(I, W, (1, 1))),
+    "same5x5": (SAME.replace("- 1", "- 2"), lambda n, h, w: [(n, 2, h, w), (4, 2, 5, 5)],
+                lambda I, W: _np_conv(I, W, (2, 2))),
+    "strided": ("""def s2(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,2*h + r_kh - 1,2*w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:(H+1)/2, w in 0:(W+1)/2
+    }""", lambda n, h, w: [(n, 3, h, w), (4, 3, 3, 3)],
+                lambda I, W: _np_conv(I, W, (1, 1), 2)[:, :, :(I.shape[2] + 1) // 2, :(I.shape[3] + 1) // 2]),
+    "input_grad": ("""def dconv(float(N,F,HO,WO) dO, float(F,C,KH,KW) W1) -> (dI) {
+        dI(n,c,h,w) +=! dO(n,r_f,h - r_kh,w - r_kw) * W1(r_f,c,r_kh,r_kw) where h in 0:HO+KH-1, w in 0:WO+KW-1
+    }""", lambda n, h, w: [(n, 4, h, w), (4, 3, 3, 3)],
+                   lambda dO, W: _np_conv(dO, W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), (2, 2))),
+}
+SIZES = [(2, 1, 1), (1, 2, 3), (2, 9, 40), (1, 21, 35)]  # (N, H, W): no interior, a 1-wide one, larger ones
+
+
+def _inputs(shapes: list[tuple[int, ...]], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+@pytest.mark.parametrize("cpu", runnable_of("native", "avx2"))
+@pytest.mark.parametrize("name", CASES)
+def test_every_piece_computes_what_the_interpreter_does(name: str, cpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    source, shapes, reference = CASES[name]
+    k = tc.define(source)
+    rng = random.Random(f"split-{name}-{cpu}")
+    for size in SIZES:
+        args = _inputs(shapes(*size), seed=len(size) + size[2])
+        want = reference(*args)
+        terms = int(np.prod(args[1].shape[1:])) if name != "input_grad" else args[1].shape[0] * 9
+        scale = reduction_scale(*args)
+        assert_close(k(*args, backend="numpy"), want, terms=terms, scale=scale, err_msg=f"{name} {size} interpreter")
+        space = S.space_for(k.checked, bind_sizes(k.checked, [a.shape for a in args]))
+        drawn = (S.to_options(space, space.random(rng)),) if size[1] > 8 else ()  # tuner options where they tile
+        for options in (MappingOptions(), *drawn):
+            got = k(*args, options=options)
+            assert_close(got, want, terms=terms, scale=scale, err_msg=f"{name} {size} on {cpu} under {options}")
+
+
+def test_max_and_int_reductions_split_exactly() -> None:
+    src = """def pools(float(N,H,W) X, int32(N,H,W) Y) -> (M, S) {
+        M(n,h,w) max=! X(n,h + r_i - 1,w + r_j - 1) where h in 0:H, w in 0:W, r_i in 0:3, r_j in 0:3
+        S(n,h,w) +=! Y(n,h + r_i - 1,w + r_j - 1) where h in 0:H, w in 0:W, r_i in 0:3, r_j in 0:3
+    }"""
+    k = tc.define(src)
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2, 19, 37)).astype(np.float32)
+    Y = rng.integers(-50, 50, (2, 19, 37)).astype(np.int32)
+    M, Sm = k(X, Y)
+    Xp = np.pad(X, ((0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    Yp = np.pad(Y, ((0, 0), (1, 1), (1, 1)))
+    want_m = np.max([Xp[:, i:i + 19, j:j + 37] for i in range(3) for j in range(3)], axis=0)
+    want_s = np.sum([Yp[:, i:i + 19, j:j + 37] for i in range(3) for j in range(3)], axis=0)
+    np.testing.assert_array_equal(M, want_m)
+    np.testing.assert_array_equal(Sm, want_s)
+    low = k.lowered(X, Y)
+    assert _pieces_of(low, "S1") == 9 and _pieces_of(low, "S2") == 9
