@@ -7,7 +7,8 @@ type and ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma``, ``_max``, ``_min
 extensions). ``tc_vi`` (int32, as many lanes as float32) has ``_load``, ``_store``, ``_set1``,
 ``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512,
 AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target uses generic vector
-extensions of the target's width.
+extensions of the target's width. Rows of elements ``s`` apart have ``_gather(p, s)`` and
+``_scatter(p, s, v)`` on every target.
 
 ``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.c) lane by lane: the
 running value ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else the new value ``b`` (so a NaN
@@ -63,7 +64,35 @@ def prelude(target: CpuTarget) -> str:
         body = _generic(target)
     exp = "" if target.isa in ("avx512", "avx2") else _CLAMP[target.isa] + _EXP_VECTOR_EXTENSIONS
     min_max = _GENERIC_MIN_MAX if target.isa == "generic" else ""
-    return head + body + _LANE_MASKS + min_max + exp + _TANH_LOG + "#endif\n"
+    return head + body + _LANE_MASKS + _strided(target.isa) + min_max + exp + _TANH_LOG + "#endif\n"
+
+
+def _strided(isa: str) -> str:
+    """``tc_v?_gather(p, s)``: the vector of ``p[0], p[s], p[2s], ...`` (AVX2's and AVX-512's gathers
+    with 32-bit offsets, which vectile.plan checks fit; lane by lane elsewhere), and
+    ``tc_v?_scatter(p, s, v)``, its store, lane by lane (once per tile, after the reduction)."""
+    out = []
+    for t, ctype in (("f", "float"), ("d", "double")):
+        lanes = f"(int)(sizeof(tc_v{t}) / sizeof({ctype}))"
+        out.append(f"static inline void tc_v{t}_scatter({ctype} *p, long s, tc_v{t} v) "
+                   f"{{ for (int l = 0; l < {lanes}; l++) p[l * s] = v[l]; }}")
+        if isa in ("avx512", "avx2"):
+            out.append(_x86_gather(isa, t, ctype))
+        else:
+            out.append(f"static inline tc_v{t} tc_v{t}_gather(const {ctype} *p, long s) "
+                       f"{{ tc_v{t} v; for (int l = 0; l < {lanes}; l++) v[l] = p[l * s]; return v; }}")
+    return "\n".join(out) + "\n"
+
+
+def _x86_gather(isa: str, t: str, ctype: str) -> str:
+    lanes = {("avx512", "f"): 16, ("avx512", "d"): 8, ("avx2", "f"): 8, ("avx2", "d"): 4}[isa, t]
+    index = {16: "_mm512", 8: "_mm256", 4: "_mm"}[lanes]  # the offsets' register: one 32-bit int per lane
+    iota = ", ".join(str(k) for k in range(lanes))
+    offsets = f"{index}_mullo_epi32({index}_set1_epi32((int)s), {index}_setr_epi32({iota}))"
+    sfx = "ps" if t == "f" else "pd"
+    call = (f"_mm512_i32gather_{sfx}({offsets}, p, sizeof({ctype}))" if isa == "avx512" else
+            f"_mm256_i32gather_{sfx}(p, {offsets}, sizeof({ctype}))")
+    return f"static inline tc_v{t} tc_v{t}_gather(const {ctype} *p, long s) {{ return {call}; }}"
 
 
 def _x86(target: CpuTarget) -> str:

@@ -25,6 +25,11 @@ A row that is not a whole number of vectors ends with a vector overlapping the o
 same inputs in the same order, and stored twice with the same bits, since every load of the
 target happens before the serial loops and every store after them.
 
+A float tile whose target row is not contiguous (the boundary columns polyhedral.split cuts
+from a padded conv, run along the image's height) gathers its target and its reads along the row
+(``tc_v?_gather``: the ISA's gather with 32-bit offsets on AVX2 and AVX-512) and scatters the
+target back once, after the serial loops.
+
 The vector text sits under ``#if TC_VEC`` beside the scalar tile, for compilers without the ISA.
 """
 
@@ -81,9 +86,12 @@ class VectorTile:
     # loop, and the test that the shifted tile still starts inside the row
     shift: LExpr | None = None
     shift_ok: LExpr | None = None
+    stride: int = 1  # elements between the target's neighbours along the row (> 1: gathered and scattered)
 
     def __str__(self) -> str:
         text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
+        if self.stride != 1:
+            text += f", gathered (the row {self.stride} elements apart)"
         if self.full:
             text += f", whole when {' && '.join(expr_text(x) for x in self.full)}"
         if self.shift is not None and self.shift_ok is not None:
@@ -114,9 +122,14 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
     if len(along) != 1 or along[0] not in s.lhs or not plus_var(args[along[0]], vec.var):
         return None
     row = along[0]
-    if em.strides[s.tensor][s.lhs.index(row)] != 1:
+    stride = em.strides[s.tensor][s.lhs.index(row)]
+    # a target row that is not contiguous (a one-column boundary piece of a padded conv, its rows
+    # along the image's height) is gathered and scattered, its reads gathered too: floats only,
+    # offsets within 32 bits
+    gather = stride != 1 and dtype in VECTOR_DTYPES
+    if stride != 1 and not (gather and 0 < stride * lanes < 2**31):
         return None
-    if not vector_expr(em, s.rhs, s, row):
+    if not vector_expr(em, s.rhs, s, row, gather=gather):
         return None
     rows = 1
     for e in rt.extents[:-1]:
@@ -137,7 +150,8 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
             return None
         full.append(LOp(">=", (cond.args[1], LInt(_init(f) + e - (1 if cond.op == "<=" else 0)))))
     shift = _shift(em, rt, s, row, args[row], omp_vars) if len(full) == 1 and trip_count(vec) is None else None
-    return VectorTile(rt, s, row, starts, lanes, tuple(full), *(shift or (None, None)))
+    shifted, shift_ok = shift or (None, None)
+    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride)
 
 
 def _shift(em: Facts, rt: LTile, s: Statement, row: str, at: LExpr,
@@ -173,24 +187,25 @@ def plus_var(e: LExpr, var: str) -> bool:
             and not any(var in expr_vars(a) for a in e.args if a != LVar(var)))
 
 
-def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False) -> bool:
+def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False, gather: bool = False) -> bool:
     """``e`` is reads, constants, negation, ``+``, ``-``, ``*`` and float ``max``/``min`` of the
     statement's type (float32 or float64; int32 in a tile), and each read is contiguous along the
     row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``exp`` and
     ``sigmoid``, ``tanh`` and ``log`` where libmvec does not have them (LIBMVEC_CALLS), values
     hoisted out of the loop, contracted scalars and row buffers; a register tile reads neither its
-    own target nor a buffer it does not index in memory."""
+    own target nor a buffer it does not index in memory. With ``gather``, reads along the row may
+    be any constant number of elements apart (within 32-bit offsets)."""
     if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
         return False
     if isinstance(e, Const):
         return True
     if isinstance(e, Binop):
-        return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop)
-                and vector_expr(em, e.rhs, s, row, loop))
+        return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop, gather)
+                and vector_expr(em, e.rhs, s, row, loop, gather))
     if isinstance(e, Unop):
-        return e.op == "-" and vector_expr(em, e.arg, s, row, loop)
+        return e.op == "-" and vector_expr(em, e.arg, s, row, loop, gather)
     if isinstance(e, Call) and e.fn in ("max", "min"):  # the layer's, with tc_max/tc_min's bits
-        return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop) for a in e.args)
+        return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop, gather) for a in e.args)
     if isinstance(e, Call):
         return (loop and e.fn in LOOP_CALLS and e.dtype == "float32"
                 and e.fn not in libmvec_calls(em) and vector_expr(em, e.args[0], s, row, loop))
@@ -201,7 +216,10 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False)
             return False
         if e.conditional or not all(isinstance(x, Sym) for x in e.subs):
             return False
-        return elem_step(em, e.tensor, _syms(e), row) in (0, 1)
+        step = elem_step(em, e.tensor, _syms(e), row)
+        if gather and step is not None and e.tensor not in em.rows:
+            return abs(step) * em.target.lanes(e.dtype) < 2**31
+        return step in (0, 1)
     return False
 
 
@@ -250,8 +268,12 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         at = f"{em.packed[id(e)]}{lane}]"
         return _named(f"{v}_load(&{at})", True, loads)
     at = em._read(e, env, s)
-    along = not (id(e) in em.hoisted or e.tensor in em.scalars) and elem_step(em, e.tensor, _syms(e), row) == 1
-    return _named(f"{v}_load(&{at})" if along else f"{v}_set1({at})", along, loads)
+    step = None if id(e) in em.hoisted or e.tensor in em.scalars else elem_step(em, e.tensor, _syms(e), row)
+    if step == 1:
+        return _named(f"{v}_load(&{at})", True, loads)
+    if step:  # vector_expr allowed it: a tile with a strided row
+        return _named(f"{v}_gather(&{at}, {step})", True, loads)
+    return _named(f"{v}_set1({at})", False, loads)
 
 
 def _named(text: str, along: bool, loads: dict[str, str] | None) -> str:
@@ -293,8 +315,11 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
     w.line(f"// in {len(vt.starts)} vectors of {vt.lanes} per row{overlap}")
     identity = {"+": f"{v}_zero()", "*": f"{v}_set1(1)", "max": f"{v}_set1(-INFINITY)",
                 "min": f"{v}_set1(INFINITY)"}[s.op]
+    def load(at: str) -> str:
+        return f"{v}_load(&{at})" if vt.stride == 1 else f"{v}_gather(&{at}, {vt.stride})"
+
     for key in tiles:
-        value = identity if identity_start else f"{v}_load(&{target(*key)})"
+        value = identity if identity_start else load(target(*key))
         w.line(f"{v} {acc[key]} = {value};")
     for loop in rt.serial:
         w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {unparen(em._lexpr(loop.cond))}; "
@@ -319,7 +344,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
             updates.append(f"{acc[key]} = {acc[key]} + {vx(s.rhs)};")
     # the vector loads first, kept in registers; each broadcast just before its first use, so
     # that a tile using all but a few registers (AVX2's 12 of 16) holds one broadcast at a time
-    kept = [name for text, name in loads.items() if "_load(" in text]
+    kept = [name for text, name in loads.items() if "_load(" in text or "_gather(" in text]
     for text, name in loads.items():
         if name in kept:
             w.line(f"{v} {name} = {text};")
@@ -335,7 +360,10 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         w.pop()
         w.line("}")
     for key in tiles:
-        w.line(f"{v}_store(&{target(*key)}, {acc[key]});")
+        if vt.stride == 1:
+            w.line(f"{v}_store(&{target(*key)}, {acc[key]});")
+        else:
+            w.line(f"{v}_scatter(&{target(*key)}, {vt.stride}, {acc[key]});")
 
 
 def _init(f: LFor) -> int:

@@ -23,6 +23,7 @@ import islpy as isl
 from .deps import Deps, respects
 from .scop import Scop
 
+BOUNDARY_MARK = "boundary_piece"  # above each boundary piece's band (transform.plan may run it along another member)
 MAX_PIECES = 27  # three split output indices (a 3-d stencil); beyond, the statement keeps its guards
 
 
@@ -70,17 +71,20 @@ def _split(band: isl.ScheduleNode, scop: Scop, name: str) -> isl.ScheduleNode | 
     band.get_domain().foreach_set(sets.append)
     dom = sets[0].coalesce()
     outer = len(scop.tc_statement(name).lhs)
-    cuts = pieces(dom, outer)
+    cuts = cut(dom, outer)
     if len(cuts) < 2:
         return None
     node = band
-    for piece in cuts[:-1]:
+    for piece, _ in cuts[:-1]:
         node = node.order_before(isl.UnionSet.from_set(piece))
     seq = node.parent().parent()
+    inner = next(piece for piece, interior in cuts if interior)
     for i in range(seq.n_children()):
         child = seq.child(i).child(0)
         if child.get_type() == isl.schedule_node_type.band and _names(child) == [name]:
-            seq = _from_zero(child).parent().parent()
+            shifted = _from_zero(child)
+            boundary = not isl.UnionSet.from_set(inner).is_equal(shifted.get_domain())
+            seq = (shifted.insert_mark(isl.Id(BOUNDARY_MARK)) if boundary else shifted).parent().parent()
     return seq
 
 
@@ -106,32 +110,38 @@ def pieces(dom: isl.Set, outer: int) -> list[isl.Set]:
     """``dom`` cut along each of its first ``outer`` (output) dims that a guard ties to the later
     (reduction) dims: boundary below, interior, boundary above, in lexicographic order. One piece
     (``[dom]``) when nothing is split."""
+    return [piece for piece, _ in cut(dom, outer)]
+
+
+def cut(dom: isl.Set, outer: int) -> list[tuple[isl.Set, bool]]:
+    """``pieces``, each with whether it is the interior (every split dim in its middle range)."""
     n = dom.dim(isl.dim_type.set)
     basics = dom.get_basic_sets()
     if dom.is_empty() or len(basics) != 1 or outer >= n:
-        return [dom]
+        return [(dom, True)]
     box = _box(dom)
     if box is None:
-        return [dom]
+        return [(dom, True)]
     cons = basics[0].get_constraints()
-    ranges: list[tuple[int, list[tuple[int, int]]]] = []
+    ranges: list[tuple[int, list[tuple[int, int]], int]] = []  # (dim, its ranges, the interior's position)
     for d in range(outer):
-        cut = _cut(dom, box, cons, d, outer)
-        if cut is not None:
-            ranges.append((d, cut))
+        found = _cut(dom, box, cons, d, outer)
+        if found is not None:
+            ranges.append((d, *found))
     count = 1
-    for _, cut in ranges:
-        count *= len(cut)
+    for _, cut_d, _ in ranges:
+        count *= len(cut_d)
     if count < 2 or count > MAX_PIECES:
-        return [dom]
+        return [(dom, True)]
+    middles = [cut_d[mid] for _, cut_d, mid in ranges]
     out = []
-    for combo in itertools.product(*(cut for _, cut in ranges)):
+    for combo in itertools.product(*(cut_d for _, cut_d, _ in ranges)):
         piece = dom
-        for (d, _), (lo, hi) in zip(ranges, combo):
+        for (d, _, _), (lo, hi) in zip(ranges, combo):
             piece = piece.lower_bound_val(isl.dim_type.set, d, _val(dom, lo))
             piece = piece.upper_bound_val(isl.dim_type.set, d, _val(dom, hi))
         if not piece.is_empty():
-            out.append(piece)
+            out.append((piece, list(combo) == middles))
     return out
 
 
@@ -150,9 +160,9 @@ def _box(dom: isl.Set) -> list[tuple[int, int]] | None:
 
 
 def _cut(dom: isl.Set, box: list[tuple[int, int]], cons: list[isl.Constraint], d: int,
-         outer: int) -> list[tuple[int, int]] | None:
-    """The ranges of output dim ``d`` (below, interior, above; empty ones left out) when guards
-    tie it to reduction dims alone, else None."""
+         outer: int) -> tuple[list[tuple[int, int]], int] | None:
+    """The ranges of output dim ``d`` (below, interior, above; empty ones left out) and the
+    interior's position among them, when guards tie ``d`` to reduction dims alone; else None."""
     n = len(box)
     tied = []
     for c in cons:
@@ -184,7 +194,7 @@ def _cut(dom: isl.Set, box: list[tuple[int, int]], cons: list[isl.Constraint], d
     a, b = inner.dim_min_val(0).to_python(), inner.dim_max_val(0).to_python()
     if not inner.is_equal(_interval(touched.get_space(), dom, a, b)):
         return None  # guards that leave holes inside: no single interior
-    return [(x, y) for x, y in ((lo, a - 1), (a, b), (b + 1, hi)) if x <= y]
+    return [(x, y) for x, y in ((lo, a - 1), (a, b), (b + 1, hi)) if x <= y], int(a > lo)
 
 
 def _interval(space: isl.Space, dom: isl.Set, lo: int, hi: int) -> isl.Set:
