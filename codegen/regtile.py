@@ -11,7 +11,21 @@ from __future__ import annotations
 
 from tcdsl.affine import Sym
 from tcdsl.checked import CheckedDef, Statement
-from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LTile, LVar, const_upper, expr_vars, walk
+from tcdsl.polyhedral.loopir import (
+    LCall,
+    LExpr,
+    LFor,
+    LIf,
+    LInt,
+    LNode,
+    LOp,
+    LTile,
+    LVar,
+    const_upper,
+    expr_vars,
+    sum_terms,
+    walk,
+)
 from tcdsl.polyhedral.loopir import trip_bound as loop_trip_bound
 from tcdsl.polyhedral.scop import Scop
 
@@ -69,14 +83,9 @@ def trip_bound(f: LFor) -> int | None:
 
 
 def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:
-    """``e`` is ``var`` or ``X + var`` / ``var + X`` with no tile variable in ``X``."""
-    if e == LVar(var):
-        return True
-    if isinstance(e, LOp) and e.op == "+" and len(e.args) == 2:
-        a, b = e.args
-        other = b if a == LVar(var) else a if b == LVar(var) else None
-        return other is not None and not (expr_vars(other) & set(inner))
-    return False
+    """``e`` is ``var`` plus terms with no tile variable (``var``, ``c2 + var``, ``(c2 + var) + 1``)."""
+    terms = sum_terms(e)
+    return terms.count(LVar(var)) == 1 and not any(expr_vars(t) & set(inner) for t in terms if t != LVar(var))
 
 
 def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) -> set[int]:

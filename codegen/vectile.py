@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from tcdsl.affine import Sym, Var
 from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
-from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, trip_count
+from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, sum_terms, trip_count
 
 from .facts import Facts
 from .vecisa import vector_type
@@ -178,13 +178,11 @@ def _shift(em: Facts, rt: LTile, s: Statement, row: str, at: LExpr,
 
 
 def plus_var(e: LExpr, var: str) -> bool:
-    """``e`` is ``var``, or ``var`` plus or minus terms without it."""
-    if e == LVar(var):
-        return True
+    """``e`` is ``var``, or ``var`` plus or minus terms without it (``(c2 + var) + 1``)."""
     if isinstance(e, LOp) and e.op == "-" and len(e.args) == 2:
-        return e.args[0] == LVar(var) and var not in expr_vars(e.args[1])
-    return (isinstance(e, LOp) and e.op == "+" and sum(a == LVar(var) for a in e.args) == 1
-            and not any(var in expr_vars(a) for a in e.args if a != LVar(var)))
+        return plus_var(e.args[0], var) and var not in expr_vars(e.args[1])
+    terms = sum_terms(e)
+    return terms.count(LVar(var)) == 1 and not any(var in expr_vars(t) for t in terms if t != LVar(var))
 
 
 def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False, gather: bool = False) -> bool:

@@ -267,6 +267,13 @@ def expr_vars(e: LExpr) -> set[str]:
     return set()
 
 
+def sum_terms(e: LExpr) -> list[LExpr]:
+    """The terms of a nest of ``+`` (``(c2 + c9) + 1`` -> ``c2, c9, 1``); ``[e]`` for anything else."""
+    if isinstance(e, LOp) and e.op == "+":
+        return [t for a in e.args for t in sum_terms(a)]
+    return [e]
+
+
 _INFIX = {"+", "-", "*", "==", "<=", "<", ">=", ">", "&&", "||"}
 
 
