@@ -9,8 +9,8 @@ tile is then loaded once before ``L``, updated in ``acc[I1][I2]...`` and stored 
 
 from __future__ import annotations
 
-from tcdsl.affine import Sym
-from tcdsl.checked import CheckedDef, Statement
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import CheckedDef, Statement
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LOp, LTile, LVar, const_upper, expr_vars, walk
 from tcdsl.polyhedral.loopir import trip_bound as loop_trip_bound
 from tcdsl.polyhedral.scop import Scop

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tcdsl.affine import Sym
-from tcdsl.checked import Statement, reads
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import Statement, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
 from .facts import Facts

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, trip_count
 
 from .facts import Facts

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcdsl.affine import Atom, Sym, Var
-from tcdsl.checked import Statement
-from tcdsl.instance import Instance
+from tcdsl.core.affine import Atom, Sym, Var
+from tcdsl.core.checked import Statement
+from tcdsl.core.instance import Instance
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcdsl import dtypes as T
-from tcdsl import knobs
-from tcdsl.affine import Sym, Var
-from tcdsl.options import MappingOptions
+from tcdsl.core import dtypes as T
+from tcdsl.core import knobs
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.options import MappingOptions
 
 from .cputarget import GENERIC, CpuTarget
 from .deps import Deps, respects

@@ -7,7 +7,7 @@ from typing import Any
 
 from .api import GenericKernel, Kernel, Library, define
 from .codegen.diskcache import TcCacheWarning
-from .errors import (
+from .core.errors import (
     TcArgumentError,
     TcCompileError,
     TcError,
@@ -20,8 +20,8 @@ from .errors import (
     TcTypeError,
     TcWarning,
 )
-from .options import MappingOptions
-from .version import __version__
+from .core.options import MappingOptions
+from .core.version import __version__
 
 
 def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> object:

@@ -18,20 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from . import ast as A
-from . import deepstack, interp, knobs, layout, limits
-from . import dtypes as T
-from .checked import CheckedDef
+from . import deepstack, interp, layout
 from .compiler import CKernel, GpuLowered, Lowered, cpu_target, lower, lower_gpu, strides_of
-from .errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .core import ast as A
+from .core import dtypes as T
+from .core import knobs, limits
+from .core.checked import CheckedDef
+from .core.errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .core.instance import Instance, accumulate_error, bind_sizes, instantiate
+from .core.options import MappingOptions
+from .core.sema import check_def, check_def_names
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
-from .instance import Instance, accumulate_error, bind_sizes, instantiate
-from .options import MappingOptions
 from .polyhedral.cputarget import CpuTarget, preset
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
-from .sema import check_def, check_def_names
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
 _UNSEEN = object()

@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from . import ast as A
-from . import dtypes as T
-from .affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
-from .checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .core import ast as A
+from .core import dtypes as T
+from .core.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
+from .core.checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .core.errors import TcGradientError
+from .core.printer import definition, stmt
+from .core.sema import BUILTINS, check_module
 from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite, text
 from .derivative import unconditional_reads as uncond
-from .errors import TcGradientError
 from .grammar import parse
-from .printer import definition, stmt
-from .sema import BUILTINS, check_module
 
 Version = tuple[str, "int | None"]  # (tensor, statement after which the value holds); None: an input
 

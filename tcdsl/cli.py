@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from . import deepstack, limits
-from .errors import TcArgumentError, TcError
+from . import deepstack
+from .core import limits
+from .core.errors import TcArgumentError, TcError
+from .core.sema import check_def, check_def_names
 from .grammar import parse
-from .sema import check_def, check_def_names
 
 
 def _checked_text(d: Any) -> str:
@@ -82,7 +83,7 @@ def _entry(args: argparse.Namespace) -> Any:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .options import MappingOptions
+    from .core.options import MappingOptions
 
     kernel = _entry(args)
     options = MappingOptions.from_json(args.options) if args.options else MappingOptions()

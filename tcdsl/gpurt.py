@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from .codegen.gpu import ERR_INTS
-from .errors import TcArgumentError, TcCompileError
-from .instance import fully_written
+from .core.errors import TcArgumentError, TcCompileError
+from .core.instance import fully_written
 
 _LOCK = threading.Lock()
 # An empty input still gets a buffer of one element of the widest type: a failed check reads

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .errors import TcArgumentError
+from .core.errors import TcArgumentError
 from .torch_ops import torch_dtype
 
 
@@ -53,7 +53,7 @@ class TcModule(torch.nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (``copy.deepcopy``, ``torch.save``) as the def's text: the kernel is rebuilt."""
-        from .printer import definition
+        from .core.printer import definition
 
         state = self.__dict__.copy()
         kernel = state.pop("kernel")

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import dtypes as T
 from .autodiff import Backward, backward_of, saved_types
-from .errors import TcArgumentError
-from .instance import accumulate_error, bind_sizes, instantiate
+from .core import dtypes as T
+from .core.errors import TcArgumentError
+from .core.instance import accumulate_error, bind_sizes, instantiate
 
 _TORCH_DTYPES = {
     "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
@@ -68,8 +68,8 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
             bw = backward_of(kernel)
             if bw.forward_source is not None:
                 from .api import Kernel
+                from .core.sema import check_def
                 from .grammar import parse
-                from .sema import check_def
 
                 run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
                 run._save = ()  # type: ignore[attr-defined]  # its backward reads the saved values as outputs

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl import knobs
-from tcdsl.options import MappingOptions
+from tcdsl.core import knobs
+from tcdsl.core.options import MappingOptions
 
 FLUSH_BYTES = 64 << 20  # written between timed runs: more than the last-level cache
 RTOL = 1e-4  # max |candidate - reference| / max |reference| accepted for floating-point outputs

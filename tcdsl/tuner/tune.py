@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from tcdsl.codegen import toolchain
-from tcdsl.options import MappingOptions
-from tcdsl.version import __version__
+from tcdsl.core.options import MappingOptions
+from tcdsl.core.version import __version__
 
 from . import space as S
 from .cache import TuneKey, TuningCache

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl.options import MappingOptions
+from tcdsl.core.options import MappingOptions
 from tcdsl.tuner.evaluate import FLUSH_BYTES, WORKER_MARK, compile_candidate, kill_marked, start_outputs
 
 
