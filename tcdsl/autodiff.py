@@ -771,10 +771,8 @@ def attach(kernel: object, backward: str | None, save: Iterable[str] | Mapping[s
             return
         raise TcGradientError(f"the backward source holds no def named '{fwd.name}_grad' for def '{fwd.name}'",
                               fwd.source.name.span.location())
-    from .api import Kernel
-
     bw = user_backward(fwd, chosen)
-    kernel._user_backward = (bw, Kernel(chosen))  # type: ignore[attr-defined]
+    kernel._user_backward = (bw, type(kernel)(chosen))  # type: ignore[attr-defined]  # a kernel of the same class
 
 
 def backward_of(kernel: object, wrt: Sequence[str] | None = None) -> Backward:
