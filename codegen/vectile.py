@@ -95,7 +95,7 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
     """The vector form of ``rt``, or None where the tile does not have one; ``omp_vars``: the
     `omp parallel for` loops around it."""
     st = em.scop.stmt(rt.call.stmt)
-    s = em.c.stmts[st.number - 1]
+    s = em.scop.tc_statement(rt.call.stmt)
     dtype = em.tensors[s.tensor].dtype
     vector_op = s.op in REDUCTIONS if dtype in VECTOR_DTYPES else s.op in ("+", "*") and dtype in TILE_SUMS
     if not em.vectorize or not vector_op:

@@ -193,7 +193,7 @@ def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int,
     site = next((e for e in errors if e.code == code), None)
     if site is None:
         return TcRuntimeError(f"kernel {inst.checked.name} failed with code {code}")
-    s = inst.checked.stmts[site.stmt - 1]
+    s = inst.checked.statement(site.stmt)
     loc = site.span.location()  # type: ignore[attr-defined]
     if site.kind in ("division", "modulo"):
         return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)
