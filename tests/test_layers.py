@@ -11,6 +11,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (folder, package), bottom layer first: a module may import its own layer and those below it.
@@ -47,12 +49,9 @@ def modules() -> dict[str, Path]:
 
 
 def layer(module: str) -> int:
-    """The layer of a tcdsl module: the deepest listed package that holds it."""
-    best = -1
-    for i, (_, package) in enumerate(LAYERS):
-        if module == package or module.startswith(package + "."):
-            best = i if best < 0 or len(package) > len(LAYERS[best][1]) else best
-    return best
+    """The index in LAYERS of a tcdsl module's layer: the longest listed package that holds it."""
+    holders = [i for i, (_, package) in enumerate(LAYERS) if module == package or module.startswith(package + ".")]
+    return max(holders, key=lambda i: len(LAYERS[i][1]))
 
 
 def imports(module: str, path: Path, known: dict[str, Path]) -> list[Import]:
@@ -96,24 +95,28 @@ def where(i: Import) -> str:
     return f"{i.path.relative_to(ROOT)}:{i.line}: {i.source} imports {i.target}"
 
 
+def fail_on(bad: list[str], what: str) -> None:
+    if bad:
+        pytest.fail(f"{what}:\n" + "\n".join(bad), pytrace=False)
+
+
 def test_every_import_resolves_to_a_module_of_the_package() -> None:
     known = modules()
-    bad = [where(i) for i in all_imports() if i.target not in known]
-    assert not bad, "imports of tcdsl modules that do not exist:\n" + "\n".join(bad)
+    fail_on([where(i) for i in all_imports() if i.target not in known], "imports of tcdsl modules that do not exist")
 
 
 def test_imports_point_down_the_pipeline() -> None:
-    names = [package for _, package in LAYERS]
+    names = [f"{folder}/" for folder, _ in LAYERS]
     bad = [f"{where(i)} ({names[layer(i.source)]} may not import {names[layer(i.target)]}, a layer above it)"
            for i in all_imports() if layer(i.target) > layer(i.source)]
-    assert not bad, "imports that point up the pipeline:\n" + "\n".join(bad)
+    fail_on(bad, "imports that point up the pipeline")
 
 
 def test_no_function_imports_tcdsl_modules() -> None:
-    bad = [where(i) for i in all_imports() if i.local and i.target not in LAZY]
-    assert not bad, ("function-local imports of tcdsl's own modules (import at the top; a cycle is broken by "
-                     "moving the shared piece down or passing it in, and only modules of an optional "
-                     "dependency, listed in LAZY, load on first use):\n" + "\n".join(bad))
+    fail_on([where(i) for i in all_imports() if i.local and i.target not in LAZY],
+            "function-local imports of tcdsl's own modules (import at the top: a cycle is broken by moving the "
+            "shared piece down or passing it in; only modules of an optional dependency, listed in LAZY, load "
+            "on first use)")
 
 
 def test_no_import_cycle() -> None:
@@ -128,8 +131,8 @@ def test_no_import_cycle() -> None:
     def cycle_from(m: str) -> list[Import] | None:
         state[m] = 1
         for i in graph.get(m, []):
-            if state.get(i.target) == 1:
-                start = next(k for k, p in enumerate(path) if p.source == i.target) if i.target != m else len(path)
+            if state.get(i.target) == 1:  # back on the path: the cycle runs from there to here
+                start = next(k for k, p in enumerate(path) if p.source == i.target)
                 return [*path[start:], i]
             if i.target not in state:
                 path.append(i)
@@ -142,8 +145,7 @@ def test_no_import_cycle() -> None:
 
     for m in sorted(graph):
         if m not in state:
-            found = cycle_from(m)
-            assert found is None, "import cycle:\n" + "\n".join(where(i) for i in found)
+            fail_on([where(i) for i in cycle_from(m) or []], "import cycle")
 
 
 def test_the_layers_cover_every_folder_of_the_package() -> None:
