@@ -1,6 +1,11 @@
 """tcdsl: tensor comprehensions compiled through a polyhedral model.
 
 ``tc.define(source)`` turns TC text into kernels callable on arrays; see the README.
+
+This folder is the top layer, over ``tcdsl.core``, ``tcdsl.grammar``, ``tcdsl.polyhedral`` and
+``tcdsl.codegen``: the compiler driver and runtimes, then autodiff, the tuner and the torch glue,
+then the API (``api``: kernels), then the command line. Autodiff, the tuner and the torch glue
+never import the API: they make kernels through the class of the kernel they are given.
 """
 
 from typing import Any
