@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .core import ast as A
 from .core import dtypes as T
@@ -772,7 +773,8 @@ def attach(kernel: object, backward: str | None, save: Iterable[str] | Mapping[s
         raise TcGradientError(f"the backward source holds no def named '{fwd.name}_grad' for def '{fwd.name}'",
                               fwd.source.name.span.location())
     bw = user_backward(fwd, chosen)
-    kernel._user_backward = (bw, type(kernel)(chosen))  # type: ignore[attr-defined]  # a kernel of the same class
+    kernel_class: Any = type(kernel)  # the backward's kernel is of the same class (autodiff never imports the API)
+    kernel._user_backward = (bw, kernel_class(chosen))  # type: ignore[attr-defined]
 
 
 def backward_of(kernel: object, wrt: Sequence[str] | None = None) -> Backward:
