@@ -43,8 +43,8 @@ MIN_TIMEOUT_S = 2.0
 GRACE_S = 5.0  # how long past the deadline a wait may last while no candidate has a valid time
 WORKER_MARK = "TCDSL_TUNER_WORKER"  # in a worker's environment, inherited by all it starts: its token
 
-# TC text of one def -> its kernel, in a worker process: ``Kernel.of_source`` of the tuned kernel's class,
-# handed down (pickled by reference) by the API above, which the tuner never imports.
+# TC text of one def -> its kernel, in a worker process: ``of_source`` of the tuned kernel's class (taken
+# from the kernel by ``tune.autotune``, sent pickled by reference), so the tuner never imports the API.
 KernelOf = Callable[[str], Any]
 
 
