@@ -5,10 +5,10 @@ PYTHON  ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.stamp
-SRC     := tcdsl grammar polyhedral codegen
+SRC     := tcdsl core grammar polyhedral codegen
 POCL_ICD := /etc/OpenCL/vendors/pocl.icd
 # mypy knows nothing of setuptools' package-dir, so `lint` type-checks a tree of symlinks
-# laid out like the installed package (tcdsl/grammar -> grammar/, ...).
+# laid out like the installed package (tcdsl/core -> core/, tcdsl/grammar -> grammar/, ...).
 TYPETREE := build/typecheck
 
 .PHONY: venv demo test lint sysdeps clean

@@ -65,8 +65,8 @@ WARMUP = 2  # untimed calls before the timed ones (after tcdsl's first, compilin
 
 def import_tcdsl() -> tuple[Any, str]:
     """``tcdsl``, installed or (when not installed) loaded from this checkout: the package maps
-    ``tcdsl.polyhedral``, ``tcdsl.codegen`` and ``tcdsl.grammar`` to the folders at the repository
-    root (pyproject's package-dir), so the checkout's root is added to the package's path."""
+    ``tcdsl.core``, ``tcdsl.grammar``, ``tcdsl.polyhedral`` and ``tcdsl.codegen`` to the folders at the
+    repository root (pyproject's package-dir), so the checkout's root is added to the package's path."""
     if os.environ.get("TCDSL_BENCH_FROM_TREE") != "1":
         try:
             import tcdsl

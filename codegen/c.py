@@ -14,12 +14,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tcdsl import dtypes as T
-from tcdsl import mathlib
-from tcdsl.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
-from tcdsl.builtins import BUILTINS
-from tcdsl.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
-from tcdsl.instance import fully_written
+from tcdsl.core import dtypes as T
+from tcdsl.core.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds
+from tcdsl.core.builtins import BUILTINS
+from tcdsl.core.checked import (
+    Binop,
+    Call,
+    Const,
+    Convert,
+    IndexVal,
+    Read,
+    Select,
+    SizeVal,
+    Statement,
+    TExpr,
+    Unop,
+    reads,
+)
+from tcdsl.core.instance import fully_written
+from tcdsl.core.printer import stmt as print_stmt
 from tcdsl.polyhedral.cputarget import CpuTarget
 from tcdsl.polyhedral.loopir import (
     LAccum,
@@ -42,9 +55,8 @@ from tcdsl.polyhedral.loopir import (
     walk,
 )
 from tcdsl.polyhedral.scop import Scop
-from tcdsl.printer import stmt as print_stmt
 
-from . import memshare, transpose, vecisa, vecloop, vectile
+from . import mathlib, memshare, transpose, vecisa, vecloop, vectile
 from .facts import Facts
 from .writer import LineWriter
 from .writer import unparen as _top
@@ -192,7 +204,7 @@ def emit(ir: LoopIR, scop: Scop, strides: dict[str, tuple[int, ...]], target: Cp
 class _Emitter(Facts):
     ITYPE = "long"  # loop iterators and statement indices
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
-    TARGET = "c"  # whose builtin spellings (tcdsl.builtins) this emitter prints
+    TARGET = "c"  # whose builtin spellings (tcdsl.core.builtins) this emitter prints
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
                  vector_math: bool, unroll: int = 0, target: CpuTarget | None = None) -> None:
@@ -203,7 +215,7 @@ class _Emitter(Facts):
         self.errors: list[ErrorSite] = []
         self.scalars: dict[str, str] = {}  # contracted temporaries in scope -> their C scalar
         self.vector_code = False  # explicit vector code written (vectile, vecloop)
-        self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.mathlib function, type) the kernel calls
+        self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.codegen.mathlib function, type) the kernel calls
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -221,7 +233,7 @@ class _Emitter(Facts):
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
         if any(isinstance(n, LTranspose) for n in walk(ir.body)):
             w.raw(transpose.HELPER)
-        library = w.mark()  # the tcdsl.mathlib functions the kernel calls go here
+        library = w.mark()  # the tcdsl.codegen.mathlib functions the kernel calls go here
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}, "
@@ -828,7 +840,7 @@ class _Emitter(Facts):
         return f"({', '.join(unaddressed)}, {access})" if unaddressed else access
 
     def _builtin(self, e: Call, a: list[str]) -> str:
-        """A call of a builtin, spelled for this emitter's target (``tcdsl.builtins``); a function
+        """A call of a builtin, spelled for this emitter's target (``tcdsl.core.builtins``); a function
         of tcdsl's math library is noted for the prelude."""
         b, t = BUILTINS[e.fn], e.dtype
         if not T.is_float(t):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import reads
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.checked import reads
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LIf, LNode, LoopIR, expr_vars
 from tcdsl.polyhedral.scop import Scop
 

@@ -24,8 +24,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcdsl import knobs
-from tcdsl.errors import TcCompileError, TcWarning
+from tcdsl.core import knobs
+from tcdsl.core.errors import TcCompileError, TcWarning
 
 STALE_S = 1800.0  # a temporary this old belongs to no live build (unless compiles may take longer, see _stale)
 RECORD_SUFFIX = ".sha256"

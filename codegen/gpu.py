@@ -14,15 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tcdsl import mathlib
-from tcdsl.affine import Sym
-from tcdsl.builtins import BUILTINS
-from tcdsl.checked import Read, reads
+from tcdsl.core.affine import Sym
+from tcdsl.core.builtins import BUILTINS
+from tcdsl.core.checked import Read, reads
 from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
 from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, trip_bound, walk
 from tcdsl.polyhedral.scop import Scop
 
-from . import regtile
+from . import mathlib, regtile
 from .c import CTYPE, ErrorSite, _Emitter
 from .lower import accumulation
 from .writer import unparen as _top
@@ -63,7 +62,7 @@ typedef unsigned long long uint64_t;
 """
 
 # OpenCL C's math functions are overloaded: the float spellings (`expf`) of the builtins and of
-# tcdsl.mathlib's calls are defined to them
+# tcdsl.codegen.mathlib's calls are defined to them
 _F_NAMES = tuple(sorted({*mathlib.LIBM_CALLS, *(m for b in BUILTINS.values()
                                                 for m in re.findall(r"\b(\w+)\{f\}", b.spelling("opencl"))
                                                 if not m.startswith("tc_"))}))
@@ -202,7 +201,7 @@ class _GpuEmitter(_Emitter):
         if self.dialect == "opencl" and any(t.dtype == "float64" for t in self.tensors.values()):
             w.raw("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
         w.raw(COMMON)
-        library = w.mark()  # the tcdsl.mathlib functions the kernels call go here
+        library = w.mark()  # the tcdsl.codegen.mathlib functions the kernels call go here
         for name in self.order:
             t = self.tensors[name]
             w.line(f"// {self.var[name]}: {t.role} {t.decl()}, shape {self.shapes[name]}")

@@ -26,10 +26,10 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from tcdsl import dtypes as T
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import Statement, reads
-from tcdsl.instance import fully_written
+from tcdsl.core import dtypes as T
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.checked import Statement, reads
+from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.cputarget import CpuTarget
 from tcdsl.polyhedral.loopir import (
     LAccum,

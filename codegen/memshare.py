@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from tcdsl.checked import reads
+from tcdsl.core.checked import reads
 from tcdsl.polyhedral.loopir import LCall, LNode, LoopIR, walk
 from tcdsl.polyhedral.scop import Scop
 

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from tcdsl.errors import TcCompileError
+from tcdsl.core.errors import TcCompileError
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ tile is then loaded once before ``L``, updated in ``acc[I1][I2]...`` and stored 
 
 from __future__ import annotations
 
-from tcdsl.affine import Sym
-from tcdsl.checked import CheckedDef, Statement
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import CheckedDef, Statement
 from tcdsl.polyhedral.loopir import (
     LCall,
     LExpr,

@@ -24,11 +24,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcdsl import knobs
-from tcdsl.errors import TcCompileError
+from tcdsl.core import knobs
+from tcdsl.core.errors import TcCompileError
+from tcdsl.core.version import __version__
 from tcdsl.polyhedral import cputarget
 from tcdsl.polyhedral.cputarget import CpuTarget
-from tcdsl.version import __version__
 
 from . import diskcache
 

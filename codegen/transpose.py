@@ -13,9 +13,9 @@ that are not multiples of 8) element by element.
 
 from __future__ import annotations
 
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import CheckedDef, Read
-from tcdsl.dtypes import bits
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.checked import CheckedDef, Read
+from tcdsl.core.dtypes import bits
 from tcdsl.polyhedral.loopir import LCall, LExpr, LFor, LInt, LOp, LTranspose, LVar, expr_vars, trip_count
 from tcdsl.polyhedral.scop import Scop
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tcdsl.affine import Sym
-from tcdsl.checked import Statement, reads
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import Statement, reads
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
 
 from .facts import Facts
@@ -55,8 +55,7 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     trips = trip_count(n)
     if trips is None or not n.body or not all(isinstance(b, LCall) for b in n.body):
         return None
-    dtypes = {em.tensors[em.c.stmts[em.scop.stmt(b.stmt).number - 1].tensor].dtype for b in n.body
-              if isinstance(b, LCall)}
+    dtypes = {em.tensors[em.scop.tc_statement(b.stmt).tensor].dtype for b in n.body if isinstance(b, LCall)}
     if len(dtypes) != 1 or not dtypes <= set(VECTOR_DTYPES):
         return None
     lanes = em.target.lanes(dtypes.pop())
@@ -66,7 +65,7 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     for call in n.body:
         assert isinstance(call, LCall)
         st = em.scop.stmt(call.stmt)
-        s = em.c.stmts[st.number - 1]
+        s = em.scop.tc_statement(call.stmt)
         if st.kind != "update" or s.op != "=" or s.tensor in em.scalars:
             return None
         args = dict(zip(st.indices, call.args))

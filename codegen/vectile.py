@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tcdsl.affine import Sym, Var
-from tcdsl.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, sum_terms, trip_count
 
 from .facts import Facts
@@ -103,7 +103,7 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
     """The vector form of ``rt``, or None where the tile does not have one; ``omp_vars``: the
     `omp parallel for` loops around it."""
     st = em.scop.stmt(rt.call.stmt)
-    s = em.c.stmts[st.number - 1]
+    s = em.scop.tc_statement(rt.call.stmt)
     dtype = em.tensors[s.tensor].dtype
     vector_op = s.op in REDUCTIONS if dtype in VECTOR_DTYPES else s.op in ("+", "*") and dtype in TILE_SUMS
     if not em.vectorize or not vector_op:

@@ -1,4 +1,4 @@
-"""Parser: TC source text -> ``tcdsl.ast.Module`` (or a tuple of ``Stmt`` for the short form).
+"""Parser: TC source text -> ``tcdsl.core.ast.Module`` (or a tuple of ``Stmt`` for the short form).
 
 Lark (LALR, contextual lexer, ``propagate_positions``) does the parsing; its exceptions are
 translated here into located ``TcSyntaxError``s, so users never see Lark's own types.
@@ -15,9 +15,9 @@ import lark
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from tcdsl import ast as A
-from tcdsl.dtypes import TYPE_NAMES, canonical
-from tcdsl.errors import SourceFile, TcSyntaxError, locate
+from tcdsl.core import ast as A
+from tcdsl.core.dtypes import TYPE_NAMES, canonical
+from tcdsl.core.errors import SourceFile, TcSyntaxError, locate
 
 RESERVED = frozenset(("def", "where", "in", "exists", *TYPE_NAMES))
 FLOAT32_MAX = 3.4028234663852886e38

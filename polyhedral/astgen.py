@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import islpy as isl
 
-from tcdsl.errors import TcScheduleError
-from tcdsl.options import MappingOptions
+from tcdsl.core.errors import TcScheduleError
+from tcdsl.core.options import MappingOptions
 
 from .loopir import LCall, LExpr, LFor, LIf, LInt, LNode, LoopIR, LOp, LVar, walk
 from .transform import REGISTER_MARK

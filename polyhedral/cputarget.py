@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tcdsl.errors import TcArgumentError
+from tcdsl.core.errors import TcArgumentError
 
 
 @dataclass(frozen=True)

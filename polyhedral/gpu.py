@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
-from tcdsl.affine import Sym
-from tcdsl.checked import Read, reads
-from tcdsl.errors import TcScheduleError
-from tcdsl.options import MappingOptions
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import Read, reads
+from tcdsl.core.errors import TcScheduleError
+from tcdsl.core.options import MappingOptions
 
 from . import astgen
 from .deps import Deps

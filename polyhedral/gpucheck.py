@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tcdsl.affine import Sym
-from tcdsl.checked import Read, reads
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import Read, reads
 
 from .gpu import BLOCK_IDS, THREAD_IDS, GpuKernel
 from .loopir import LCall, LCopy, LExpr, LFor, LIf, LInt, LMark, LNode, LOp, LSync, LVar

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import islpy as isl
 
-from tcdsl import knobs
-from tcdsl.errors import TcScheduleError, TcWarning
-from tcdsl.options import MappingOptions
+from tcdsl.core import knobs
+from tcdsl.core.errors import TcScheduleError, TcWarning
+from tcdsl.core.options import MappingOptions
 
 from . import guard
 from .deps import Deps, dependences, respects, violated

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from tcdsl.affine import Atom, Sym, Var
-from tcdsl.checked import Statement
-from tcdsl.instance import Instance
+from tcdsl.core.affine import Atom, Sym, Var
+from tcdsl.core.checked import Statement
+from tcdsl.core.instance import BoundStmt, Instance
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,12 @@ class Scop:
         return next(s for s in self.stmts if s.name == name)
 
     def tc_statement(self, name: str) -> Statement:
-        return self.inst.checked.stmts[self.stmt(name).number - 1]
+        """The TC statement of the isl statement ``name`` (``S<n>`` or ``init<n>``)."""
+        return self.inst.checked.statement(self.stmt(name).number)
+
+    def bound_statement(self, name: str) -> BoundStmt:
+        """The TC statement of ``name`` as bound at the instance's sizes (ranges, shape, guards)."""
+        return self.inst.stmts[self.stmt(name).number - 1]
 
     def __str__(self) -> str:
         lines = [f"scop {self.inst.checked.name}" + (" (parametric)" if self.parametric else

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from tcdsl import dtypes as T
-from tcdsl import knobs
-from tcdsl.affine import Sym, Var
-from tcdsl.options import MappingOptions
+from tcdsl.core import dtypes as T
+from tcdsl.core import knobs
+from tcdsl.core.affine import Sym, Var
+from tcdsl.core.options import MappingOptions
 
 from . import split
 from .cputarget import GENERIC, CpuTarget
@@ -149,9 +149,8 @@ def _itemsize(band: isl.ScheduleNode, scop: Scop) -> int:
     """Bytes per element of the widest tensor the band's statements write (4 when none is known)."""
     names: list[str] = []
     band.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
-    c = scop.inst.checked
-    sizes = [T.np_dtype(c.tensors[c.stmts[int(name.removeprefix("init").removeprefix("S")) - 1].tensor].dtype).itemsize
-             for name in names]
+    tensors = scop.inst.checked.tensors
+    sizes = [T.np_dtype(tensors[scop.tc_statement(name).tensor].dtype).itemsize for name in names]
     return max(sizes, default=4)
 
 
@@ -459,7 +458,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
 
 def _instances(scop: Scop, name: str) -> int:
     st = scop.stmt(name)
-    bs = scop.inst.stmts[st.number - 1]
+    bs = scop.bound_statement(name)
     shape = bs.shape[: len(bs.stmt.lhs)] if st.kind == "init" else bs.shape
     count = 1
     for n in shape:

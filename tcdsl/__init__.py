@@ -1,13 +1,18 @@
 """tcdsl: tensor comprehensions compiled through a polyhedral model.
 
 ``tc.define(source)`` turns TC text into kernels callable on arrays; see the README.
+
+This folder is the top layer, over ``tcdsl.core``, ``tcdsl.grammar``, ``tcdsl.polyhedral`` and
+``tcdsl.codegen``: the compiler driver and runtimes, then autodiff, the tuner and the torch glue,
+then the API (``api``: kernels), then the command line. Autodiff, the tuner and the torch glue
+never import the API: they make kernels through the class of the kernel they are given.
 """
 
 from typing import Any
 
 from .api import GenericKernel, Kernel, Library, define
 from .codegen.diskcache import TcCacheWarning
-from .errors import (
+from .core.errors import (
     TcArgumentError,
     TcCompileError,
     TcError,
@@ -20,8 +25,8 @@ from .errors import (
     TcTypeError,
     TcWarning,
 )
-from .options import MappingOptions
-from .version import __version__
+from .core.options import MappingOptions
+from .core.version import __version__
 
 
 def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> object:

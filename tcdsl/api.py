@@ -18,20 +18,25 @@ from typing import Any
 
 import numpy as np
 
-from . import ast as A
-from . import deepstack, interp, knobs, layout, limits
-from . import dtypes as T
-from .checked import CheckedDef
+from . import deepstack, gpurt, interp, layout
+from .autodiff import attach, backward_of
+from .codegen import toolchain
+from .codegen.gpu import launch_text
 from .compiler import CKernel, GpuLowered, Lowered, cpu_target, lower, lower_gpu, strides_of
-from .errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .core import ast as A
+from .core import dtypes as T
+from .core import knobs, limits
+from .core.checked import CheckedDef
+from .core.errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .core.instance import Instance, accumulate_error, bind_sizes, instantiate
+from .core.options import MappingOptions
+from .core.sema import check_def, check_def_names
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
-from .instance import Instance, accumulate_error, bind_sizes, instantiate
-from .options import MappingOptions
 from .polyhedral.cputarget import CpuTarget, preset
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
-from .sema import check_def, check_def_names
+from .tuner import tune
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
 _UNSEEN = object()
@@ -44,8 +49,6 @@ def default_backend() -> str:
 
 @functools.cache
 def _has_cc() -> bool:
-    from .codegen import toolchain
-
     return shutil.which(toolchain.compiler()[0]) is not None
 
 
@@ -108,6 +111,13 @@ class Kernel:
         self._deep = deepstack.is_deep(checked.source, checked.stmts)
         self._fit: set[int] = set()  # ids of cached instances whose tensors fit in memory
         self.__doc__ = self.__str__()
+
+    @classmethod
+    def of_source(cls, source: str, filename: str = "<string>", backend: str | None = None) -> Kernel:
+        """``define(source)`` for a source of one def. The layers below the API (autodiff, the torch
+        glue, the tuner's workers) make the kernels of the defs they derive or receive through the
+        class of the kernel they were given: they never import the API."""
+        return define(source, filename=filename, backend=backend)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"<tcdsl kernel {self.name}({', '.join(t.name for t in self.checked.inputs)})>"
@@ -186,12 +196,10 @@ class Kernel:
         key = (tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)
         found = self._tuned.get(key, _UNSEEN)
         if found is _UNSEEN:
-            from .tuner.tune import tuned_options
-
             found = None
             if knobs.tuning_db().exists():
                 try:
-                    found = tuned_options(self, arrays, backend=backend)
+                    found = tune.tuned_options(self, arrays, backend=backend)
                 except TcError:
                     found = None  # an unreadable cache never stops a call: the defaults run
             with self._lock:
@@ -203,10 +211,8 @@ class Kernel:
         """Search mapping options for these arguments on ``backend`` ("c", "opencl" or "cuda"),
         store the best in the tuning cache and use them for later calls; returns a ``TuneResult``
         (see ``tcdsl.tuner.tune``)."""
-        from .tuner.tune import autotune
-
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        result = autotune(self, arrays, backend=_check_backend(backend), **settings)
+        result = tune.autotune(self, arrays, backend=_check_backend(backend), **settings)
         with self._lock:
             self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = result.options
         return result
@@ -227,8 +233,6 @@ class Kernel:
     def backward_source(self, wrt: Sequence[str] | None = None) -> str:
         """The TC text of the backward def (derived, or the one given to ``define(backward=...)``):
         gradients of ``wrt`` (default: every float input) from the gradients of the outputs."""
-        from .autodiff import backward_of
-
         return backward_of(self, wrt).source
 
     @_stack_safe
@@ -237,8 +241,6 @@ class Kernel:
         """The generated code for these arguments' shapes, dtypes and strides: C (for ``target``,
         see ``lowered``), or CUDA / OpenCL (printed on any machine; nothing is compiled)."""
         if backend in ("cuda", "opencl"):
-            from .codegen.gpu import launch_text
-
             src = self.lowered_gpu(*args, backend=backend, options=options).source
             return f"{launch_text(src)}\n{src.text}"
         if backend != "c":
@@ -255,8 +257,6 @@ class Kernel:
         return lower_gpu(self._instance(arrays), options or self.options, backend, target or SM90)
 
     def _gpu_for(self, inst: Instance, backend: str, options: MappingOptions) -> Any:
-        from . import gpurt
-
         key = (tuple(sorted(inst.sizes.items())), backend, options)
         gk = self._gpu.get(key)
         if gk is None:
@@ -285,11 +285,9 @@ class Kernel:
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         if _torch_args(args):  # torch tensors, CPU or CUDA: tcdsl.torch_ops (autograd)
-            from . import torch_ops
+            from . import torch_ops  # imports torch (optional): loaded by the first call with tensors
 
             return torch_ops.call(self, args, out=out, backend=backend, options=options)
-        from . import gpurt
-
         on_device = any(gpurt.is_device_array(a) for a in args)
         be = _check_backend(backend or self.backend or ("cuda" if on_device else default_backend()))
         if be == "cuda" or on_device:
@@ -416,7 +414,7 @@ class GenericKernel:
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         if _torch_args(args):
-            from . import torch_ops
+            from . import torch_ops  # imports torch (optional): loaded by the first call with tensors
 
             return torch_ops.call_generic(self, args, out=out, backend=backend, options=options)
         return self.kernel(*args)(*args, out=out, backend=backend or self.backend, options=options)
@@ -493,8 +491,6 @@ def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | 
     check_def_names(module)
     kernels = _kernels_of(module.defs, backend)
     if backward is not None or save is not None:
-        from .autodiff import attach
-
         for k in kernels:
             if k._deep:
                 deepstack.call(attach, (k, backward, save), {"single": len(kernels) == 1}, what=f"def '{k.name}'",
@@ -589,8 +585,6 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
 def _coerce_any_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[Any]:
     """Host arrays as ``_coerce_inputs`` makes them; cupy arrays (on a CUDA device) checked the
     same way (count, rank, dtype) and passed through."""
-    from . import gpurt
-
     if not any(gpurt.is_device_array(a) for a in args):
         return list(_coerce_inputs(checked, args))
     ins = checked.inputs
@@ -615,8 +609,6 @@ def _initial(checked: CheckedDef, outs: list[Any] | None) -> dict[str, Any]:
 
 
 def _check_out(checked: CheckedDef, inst: Instance, out: Any, device: bool = False) -> list[Any] | None:
-    from . import gpurt
-
     if out is None:
         if checked.accumulates:
             raise accumulate_error(checked)

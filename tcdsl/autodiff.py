@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from . import ast as A
-from . import dtypes as T
-from .affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
-from .checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .core import ast as A
+from .core import dtypes as T
+from .core.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
+from .core.checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .core.errors import TcGradientError
+from .core.printer import definition, stmt
+from .core.sema import BUILTINS, check_module
 from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite, text
 from .derivative import unconditional_reads as uncond
-from .errors import TcGradientError
 from .grammar import parse
-from .printer import definition, stmt
-from .sema import BUILTINS, check_module
 
 Version = tuple[str, "int | None"]  # (tensor, statement after which the value holds); None: an input
 
@@ -771,10 +772,9 @@ def attach(kernel: object, backward: str | None, save: Iterable[str] | Mapping[s
             return
         raise TcGradientError(f"the backward source holds no def named '{fwd.name}_grad' for def '{fwd.name}'",
                               fwd.source.name.span.location())
-    from .api import Kernel
-
     bw = user_backward(fwd, chosen)
-    kernel._user_backward = (bw, Kernel(chosen))  # type: ignore[attr-defined]
+    kernel_class: Any = type(kernel)  # the backward's kernel is of the same class (autodiff never imports the API)
+    kernel._user_backward = (bw, kernel_class(chosen))  # type: ignore[attr-defined]
 
 
 def backward_of(kernel: object, wrt: Sequence[str] | None = None) -> Backward:

@@ -14,10 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from . import deepstack, limits
-from .errors import TcArgumentError, TcError
+from . import deepstack
+from .api import _kernels_of
+from .core import limits
+from .core.errors import TcArgumentError, TcError
+from .core.options import MappingOptions
+from .core.sema import check_def, check_def_names
 from .grammar import parse
-from .sema import check_def, check_def_names
 
 
 def _checked_text(d: Any) -> str:
@@ -70,8 +73,6 @@ def _arguments(checked, sizes: dict[str, int]) -> list[np.ndarray]:
 
 def _entry(args: argparse.Namespace) -> Any:
     """The kernel of the def named by --entry (or the file's only def)."""
-    from .api import _kernels_of
-
     module = parse(Path(args.file).read_text(encoding="utf-8"), str(args.file))
     defs = {d.name.name: d for d in module.defs}
     if args.entry is None and len(defs) == 1:
@@ -82,8 +83,6 @@ def _entry(args: argparse.Namespace) -> Any:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .options import MappingOptions
-
     kernel = _entry(args)
     options = MappingOptions.from_json(args.options) if args.options else MappingOptions()
     arrays = _arguments(kernel.checked, args.sizes)

@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 import islpy as isl
 import numpy as np
 
-from . import knobs
 from .codegen import c as cgen
 from .codegen import gpu as gpu_cgen
 from .codegen import lower as cpu_passes
 from .codegen import toolchain
 from .codegen.facts import Facts
 from .codegen.gpu import GpuSource
-from .errors import TcRuntimeError, TcScheduleError
-from .instance import Instance, fully_written
-from .options import MappingOptions
+from .core import knobs
+from .core.errors import TcRuntimeError, TcScheduleError
+from .core.instance import Instance, fully_written
+from .core.options import MappingOptions
 from .polyhedral import astgen, gpu, schedule, transform
 from .polyhedral.cputarget import CpuTarget
 from .polyhedral.deps import Deps, dependences
@@ -193,7 +193,7 @@ def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int,
     site = next((e for e in errors if e.code == code), None)
     if site is None:
         return TcRuntimeError(f"kernel {inst.checked.name} failed with code {code}")
-    s = inst.checked.stmts[site.stmt - 1]
+    s = inst.checked.statement(site.stmt)
     loc = site.span.location()  # type: ignore[attr-defined]
     if site.kind in ("division", "modulo"):
         return TcRuntimeError(f"integer {site.kind} by zero in {s.describe()}", loc)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import Location, TcSemanticError
+from .core.errors import Location, TcSemanticError
 
 THRESHOLD = 80  # nesting levels that run on the calling thread
 STACK_BYTES = 512 << 20

@@ -9,12 +9,12 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from . import dtypes as T
-from .affine import Sym
-from .builtins import BUILTINS
-from .checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, convert
-from .errors import TcGradientError
-from .printer import num
+from .core import dtypes as T
+from .core.affine import Sym
+from .core.builtins import BUILTINS
+from .core.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, convert
+from .core.errors import TcGradientError
+from .core.printer import num
 
 Key = tuple[str, tuple]  # (tensor, subscripts) of a read: every read with this key is one variable
 

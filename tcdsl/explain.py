@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import islpy as isl
 
-from .options import MappingOptions
+from .core.options import MappingOptions
+from .core.printer import stmt as print_stmt
 from .polyhedral import schedule
 from .polyhedral.loopir import LFor, LIf, LNode
 from .polyhedral.loopir import expr_text as lexpr
 from .polyhedral.scop import stmt_order
-from .printer import stmt as print_stmt
 
 
 def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no import cycle)

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from .codegen.gpu import ERR_INTS
-from .errors import TcArgumentError, TcCompileError
-from .instance import fully_written
+from .compiler import runtime_error
+from .core.errors import TcArgumentError, TcCompileError
+from .core.instance import fully_written
+from .polyhedral.gpu import SM90, GpuTarget
 
 _LOCK = threading.Lock()
 # An empty input still gets a buffer of one element of the widest type: a failed check reads
@@ -186,8 +188,6 @@ class CudaKernel:
 def _check_flags(inst: Any, low: Any, flags: np.ndarray) -> None:
     """Raise the located error a kernel recorded in its flags (int32 code, pad, int64 value)."""
     if flags[0]:
-        from .compiler import runtime_error
-
         value = int(np.ascontiguousarray(flags[2:4]).view(np.int64)[0])
         raise runtime_error(inst, low.source.errors, int(flags[0]), value)
 
@@ -199,8 +199,6 @@ def _device_dtype(dtype: str) -> str:
 
 def cuda_target() -> Any:
     """The limits of the current CUDA device (sm_90's when there is none)."""
-    from .polyhedral.gpu import SM90, GpuTarget
-
     if not cuda_available():
         return SM90
     cp = _cupy()

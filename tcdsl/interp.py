@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes as T
-from .affine import FloorDiv, Sym, Var, bounds
-from .builtins import BUILTINS
-from .checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, reads
-from .errors import TcRangeError, TcRuntimeError
-from .instance import BoundStmt, Guard, Instance
+from .core import dtypes as T
+from .core.affine import FloorDiv, Sym, Var, bounds
+from .core.builtins import BUILTINS
+from .core.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, reads
+from .core.errors import TcRangeError, TcRuntimeError
+from .core.instance import BoundStmt, Guard, Instance
 
 CHUNK = 1 << 21
 ROUNDS = 64  # narrowing passes over the guards per box (each pass only shrinks it; a cap for slow fixpoints)

@@ -16,12 +16,12 @@ two extra passes over ``A`` and ``T``. Only statements with plain index subscrip
 
 from __future__ import annotations
 
-from . import ast as A
-from .affine import Sym, Var
-from .checked import Binop, CheckedDef, Read, Statement
+from .core import ast as A
+from .core.affine import Sym, Var
+from .core.checked import Binop, CheckedDef, Read, Statement
+from .core.printer import definition, stmt
+from .core.sema import check_def
 from .grammar import parse
-from .printer import definition, stmt
-from .sema import check_def
 
 
 def rewrite(checked: CheckedDef) -> CheckedDef | None:

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-from .errors import TcArgumentError
+from .api import define
+from .core.errors import TcArgumentError
+from .core.printer import definition
 from .torch_ops import torch_dtype
 
 
@@ -23,8 +25,6 @@ class TcModule(torch.nn.Module):
     def __init__(self, kernel: Any, /, *, backend: str | None = None, **parameters: Any) -> None:
         super().__init__()
         if isinstance(kernel, str):
-            from .api import define
-
             kernel = define(kernel)
         if not hasattr(kernel, "checked"):
             raise TcArgumentError("TcModule takes TC text with one def or a def-form kernel")
@@ -53,8 +53,6 @@ class TcModule(torch.nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (``copy.deepcopy``, ``torch.save``) as the def's text: the kernel is rebuilt."""
-        from .printer import definition
-
         state = self.__dict__.copy()
         kernel = state.pop("kernel")
         user = getattr(kernel, "_user_backward", None)
@@ -63,8 +61,6 @@ class TcModule(torch.nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from .api import define
-
         source, backward, save = state.pop("_tc_def")
         super().__setstate__(state)
         self.kernel = define(source, backward=backward, save=save)

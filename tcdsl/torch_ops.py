@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import dtypes as T
+from . import gpurt
 from .autodiff import Backward, backward_of, saved_types
-from .errors import TcArgumentError
-from .instance import accumulate_error, bind_sizes, instantiate
+from .core import dtypes as T
+from .core.errors import TcArgumentError
+from .core.instance import accumulate_error, bind_sizes, instantiate
+from .core.sema import check_def
+from .grammar import parse
 
 _TORCH_DTYPES = {
     "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
@@ -66,12 +69,8 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
         run = kernel
         if train and getattr(kernel, "_user_backward", None) is None:
             bw = backward_of(kernel)
-            if bw.forward_source is not None:
-                from .api import Kernel
-                from .grammar import parse
-                from .sema import check_def
-
-                run = Kernel(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
+            if bw.forward_source is not None:  # a kernel of the same class (this module never imports the API)
+                run = type(kernel)(check_def(parse(bw.forward_source).defs[0]), kernel.backend, kernel.options)
                 run._save = ()  # type: ignore[attr-defined]  # its backward reads the saved values as outputs
                 types = saved_types(bw, c)
                 outs += tuple((n, types[n]) for n in bw.saved)
@@ -172,9 +171,7 @@ def _backward_key(owner: Any, e: _Entry, bw: Backward) -> str:
         if bw.user:
             kernel = owner._user_backward[1]
         else:
-            from .api import define
-
-            kernel = define(bw.source, filename=f"<backward of {owner.name}>", backend=owner.backend)
+            kernel = type(owner).of_source(bw.source, filename=f"<backward of {owner.name}>", backend=owner.backend)
         kernel._save = ()  # its own backward (double backward) recomputes: the op returns only gradients
         outs = tuple((t.name, t.dtype) for t in kernel.checked.outputs)
         key = keys[k] = _register(_Entry(kernel, e.backend, e.options, kernel, outs, len(outs), bw), bw.name)
@@ -209,8 +206,6 @@ def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
 def _run_cuda(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
     """The entry's kernel on CUDA tensors: shared with cupy through DLPack (no copies), run on the
     CUDA backend, outputs handed back to torch on the same device."""
-    from . import gpurt
-
     cp = gpurt._cupy()
     arrays = [cp.from_dlpack(a.detach().contiguous()) for a in args]
     res = e.kernel(*arrays, backend=e.backend or "cuda", options=e.options)
@@ -250,8 +245,6 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     grads = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
     if cuda and (out is not None or not grads):
-        from . import gpurt
-
         return gpurt.torch_cuda_call(kernel, args, out=out, backend=backend, options=options)
     if out is None and kernel.checked.accumulates:
         raise accumulate_error(kernel.checked)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# every schedule transformation is checked against the dependences in tests (see tcdsl/knobs.py)
+# every schedule transformation is checked against the dependences in tests (see core/knobs.py)
 os.environ.setdefault("TCDSL_CHECK_SCHEDULE", "1")
 # kernels called in tests run their default options: a tuning cache of the user's is never read
 os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-tests-"), "tuning.sqlite")

@@ -28,11 +28,11 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 import tcdsl as tc
-from tcdsl import dtypes as T
+from tcdsl.core import dtypes as T
+from tcdsl.core.instance import instantiate
+from tcdsl.core.sema import check_def
 from tcdsl.errors import TcError
 from tcdsl.grammar import parse
-from tcdsl.instance import instantiate
-from tcdsl.sema import check_def
 
 INF = math.inf
 UNIT = {"float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}

@@ -17,9 +17,9 @@ import pytest
 
 import tcdsl as tc
 from tcdsl.autodiff import derive
+from tcdsl.core.sema import check_module
 from tcdsl.errors import TcGradientError
 from tcdsl.grammar import parse
-from tcdsl.sema import check_module
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grad_defs import CASES, GradCase, make  # noqa: E402

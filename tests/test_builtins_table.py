@@ -1,4 +1,4 @@
-"""The builtin table (tcdsl.builtins): every builtin on every backend against scipy/numpy (mpmath
+"""The builtin table (tcdsl.core.builtins): every builtin on every backend against scipy/numpy (mpmath
 where scipy is not accurate enough) on a grid of arguments with special values, to a stated number
 of ulps per function and type; NaN positions exactly; the derivatives by gradcheck; the CUDA text
 through NVRTC. One def holds all the builtins of a type, so each backend compiles once per type.
@@ -15,10 +15,9 @@ import pytest
 import scipy.special as sp
 
 import tcdsl as tc
-from tcdsl import mathlib
-from tcdsl.builtins import BUILTINS
-from tcdsl.checked import Call, Read
-from tcdsl.codegen import gpu, nvrtc
+from tcdsl.codegen import gpu, mathlib, nvrtc
+from tcdsl.core.builtins import BUILTINS
+from tcdsl.core.checked import Call, Read
 from tcdsl.derivative import diff, key_of
 from tcdsl.errors import TcGradientError
 
@@ -333,7 +332,7 @@ def test_float16_computes_in_float_and_rounds(backend: str) -> None:
 
 
 def test_the_table_is_complete_and_consistent() -> None:
-    from tcdsl.sema import BUILTINS as SEMA
+    from tcdsl.core.sema import BUILTINS as SEMA
 
     assert set(NEW) <= set(BUILTINS) and set(SEMA) == set(BUILTINS)
     for b in BUILTINS.values():

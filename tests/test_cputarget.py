@@ -15,8 +15,8 @@ import pytest
 
 import tcdsl as tc
 from tcdsl.codegen import toolchain
+from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcArgumentError
-from tcdsl.instance import bind_sizes
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
 from tcdsl.polyhedral.transform import MemberInfo, plan

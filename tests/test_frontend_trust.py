@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 import tcdsl as tc
-from tcdsl import checked as C
-from tcdsl import deepstack, limits
+from tcdsl import deepstack
+from tcdsl.core import checked as C
+from tcdsl.core import limits
+from tcdsl.core.sema import check_def
 from tcdsl.errors import (
     TcArgumentError,
     TcError,
@@ -24,7 +26,6 @@ from tcdsl.errors import (
     TcTypeError,
 )
 from tcdsl.grammar import parse
-from tcdsl.sema import check_def
 
 EPS32 = float(np.finfo(np.float32).eps)
 BACKENDS = ["numpy", pytest.param("c", marks=pytest.mark.cpu)]

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tolerance import assert_close, assert_sum_close
 
 import tcdsl
-from tcdsl import ast as A
-from tcdsl import printer
+from tcdsl.core import ast as A
+from tcdsl.core import printer
 from tcdsl.errors import Location, TcError, TcSyntaxError
 from tcdsl.grammar import is_short_form, parse, parse_statements
 

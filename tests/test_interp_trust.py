@@ -16,8 +16,8 @@ import pytest
 
 import tcdsl as tc
 from tcdsl import interp
+from tcdsl.core.instance import bind_sizes, instantiate
 from tcdsl.errors import TcError, TcRuntimeError
-from tcdsl.instance import bind_sizes, instantiate
 
 try:  # pytest's default (prepend) import mode puts tests/ on sys.path; other modes may not
     from tolerance import assert_close, reduction_scale

@@ -50,6 +50,8 @@ def test_wheel_installs_one_package_that_runs(tmp_path: Path) -> None:
     for required in (
         "tcdsl/__init__.py",
         "tcdsl/py.typed",
+        "tcdsl/core/__init__.py",
+        "tcdsl/core/sema.py",
         "tcdsl/grammar/__init__.py",
         "tcdsl/grammar/parser.py",
         "tcdsl/grammar/tc.lark",
@@ -59,7 +61,7 @@ def test_wheel_installs_one_package_that_runs(tmp_path: Path) -> None:
     ):
         assert required in names, f"{required} missing from {wheel.name}"
     top = {n.split("/", 1)[0] for n in names}
-    assert not top & {"grammar", "polyhedral", "codegen", "tests", "examples", "benchmarks"}, top
+    assert not top & {"core", "grammar", "polyhedral", "codegen", "tests", "examples", "benchmarks"}, top
     assert top == {"tcdsl", "tcdsl-0.1.0.dist-info"}, top
     entry_points = zipfile.ZipFile(wheel).read("tcdsl-0.1.0.dist-info/entry_points.txt").decode()
     assert "tcdsl = tcdsl.cli:main" in entry_points
@@ -76,18 +78,18 @@ def test_wheel_installs_one_package_that_runs(tmp_path: Path) -> None:
         sys.path.insert(0, {str(site)!r})
         import numpy as np
         import tcdsl as tc
-        import tcdsl.codegen, tcdsl.grammar, tcdsl.polyhedral
+        import tcdsl.codegen, tcdsl.core, tcdsl.grammar, tcdsl.polyhedral
 
         k = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) {{ C(m,n) +=! A(m,k) * B(k,n) }}")
         A = np.arange(6, dtype=np.float32).reshape(2, 3)
         B = np.ones((3, 2), np.float32)
         C = k(A, B, backend="numpy")
         assert np.array_equal(C, A @ B), C  # small integers: every sum is exact
-        for m in (tc, tcdsl.grammar, tcdsl.polyhedral, tcdsl.codegen):
+        for m in (tc, tcdsl.core, tcdsl.grammar, tcdsl.polyhedral, tcdsl.codegen):
             print(m.__file__)
         """
     )
     out = _run([sys.executable, "-c", probe], cwd=tmp_path).stdout.split()
-    assert len(out) == 4, out
+    assert len(out) == 5, out
     for path in out:
         assert Path(path).resolve().is_relative_to(site.resolve()), f"{path} is not from the wheel ({site})"

@@ -21,8 +21,8 @@ from tcdsl.api import _c_ready, _coerce_inputs
 from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain
 from tcdsl.compiler import CKernel
+from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcRuntimeError
-from tcdsl.instance import bind_sizes
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
 from tcdsl.tuner import space as S

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import tcdsl as tc
-from tcdsl.instance import bind_sizes
-from tcdsl.options import MappingOptions
+from tcdsl.core.instance import bind_sizes
+from tcdsl.core.options import MappingOptions
 from tcdsl.polyhedral import split
 from tcdsl.tuner import space as S
 

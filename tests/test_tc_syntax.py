@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tcdsl as tc
-from tcdsl import ast as A
 from tcdsl.codegen import nvrtc
+from tcdsl.core import ast as A
+from tcdsl.core.printer import module as print_module
+from tcdsl.core.printer import stmt as print_stmt
+from tcdsl.core.sema import check_def
 from tcdsl.grammar import parse, parse_statements
 from tcdsl.options import MappingOptions
-from tcdsl.printer import module as print_module
-from tcdsl.printer import stmt as print_stmt
-from tcdsl.sema import check_def
 
 try:
     from conftest import has_opencl

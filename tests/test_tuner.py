@@ -77,7 +77,8 @@ def test_canonical_text_ignores_names_but_not_structure():
 def test_crashing_hanging_raising_and_wrong_candidates_are_scored_invalid():
     k = tc.define(MM)
     A, B = f32((64, 32)), f32((32, 48), 1)
-    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], runner=FAULTY, run_timeout_s=3.0)
+    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], tc.Kernel.of_source, runner=FAULTY,
+                   run_timeout_s=3.0)
     try:
         cands = [MappingOptions(), MappingOptions(unroll=SEGFAULT), MappingOptions(unroll=HANG),
                  MappingOptions(unroll=RAISES), MappingOptions(unroll=WRONG), MappingOptions(tile=(16, 16, 16))]
@@ -96,7 +97,7 @@ def test_crashing_hanging_raising_and_wrong_candidates_are_scored_invalid():
 def test_a_candidate_that_does_not_compile_is_invalid_and_the_rest_run():
     k = tc.define(MM)
     A, B = f32((16, 16)), f32((16, 16), 1)
-    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], jobs=2)
+    ev = Evaluator(str(k.checked), [A, B], [k(A, B, backend="numpy")], tc.Kernel.of_source, jobs=2)
     try:
         costs = ev([MappingOptions(point_order=(0, 1, 2, 3, 4)), MappingOptions()])  # too many members
     finally:

@@ -108,7 +108,7 @@ def faulty_cc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fault
     monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path / "record"))
     cc.set_mode("record")  # the default options' source as the tuner builds it, in a cache of its own
     specs = [ArgSpec.of(a) for a in inputs()]
-    assert compile_candidate(str(tc.define(MM).checked), specs, MappingOptions().to_json()) is None
+    assert compile_candidate(tc.Kernel.of_source, str(tc.define(MM).checked), specs, MappingOptions().to_json()) is None
     assert (folder / "allowed.c").exists()
     monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path / "cache"))  # the tuner finds the defaults unbuilt
     yield cc

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tcdsl import knobs
 from tcdsl.codegen.diskcache import mkdir_private
-from tcdsl.errors import TcError
+from tcdsl.core import knobs
+from tcdsl.core.errors import TcError
 
 SCHEMA_VERSION = 1
 """Stored in ``PRAGMA user_version``; a file written by a newer schema is refused, not rewritten."""

@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl import knobs
-from tcdsl.options import MappingOptions
+from tcdsl import gpurt
+from tcdsl.codegen import nvrtc
+from tcdsl.core import knobs
+from tcdsl.core.options import MappingOptions
 
 FLUSH_BYTES = 64 << 20  # written between timed runs: more than the last-level cache
 RTOL = 1e-4  # max |candidate - reference| / max |reference| accepted for floating-point outputs
@@ -40,6 +42,10 @@ SLOWER_THAN_BEST = 20  # a timing request may take this many times the best cand
 MIN_TIMEOUT_S = 2.0
 GRACE_S = 5.0  # how long past the deadline a wait may last while no candidate has a valid time
 WORKER_MARK = "TCDSL_TUNER_WORKER"  # in a worker's environment, inherited by all it starts: its token
+
+# TC text of one def -> its kernel, in a worker process: ``of_source`` of the tuned kernel's class (taken
+# from the kernel by ``tune.autotune``, sent pickled by reference), so the tuner never imports the API.
+KernelOf = Callable[[str], Any]
 
 
 @dataclass(frozen=True)
@@ -65,25 +71,20 @@ class ArgSpec:
         return np.lib.stride_tricks.as_strided(base[offset:], self.shape, tuple(s * dt.itemsize for s in self.strides))
 
 
-def compile_candidate(source: str, specs: Sequence[ArgSpec], options_json: str, backend: str = "c") -> str | None:
-    """Build the kernel of ``source`` for ``specs`` under the options (C: into the disk cache;
-    OpenCL: the platform's program cache; CUDA: checked with NVRTC where it is installed); None
-    when it compiled, else the reason. Runs in worker processes (or on a Dask worker)."""
+def compile_candidate(kernel_of: KernelOf, source: str, specs: Sequence[ArgSpec], options_json: str,
+                      backend: str = "c") -> str | None:
+    """Build the kernel of ``source`` (made by ``kernel_of``) for ``specs`` under the options (C: into
+    the disk cache; OpenCL: the platform's program cache; CUDA: checked with NVRTC where it is
+    installed); None when it compiled, else the reason. Runs in worker processes (or on a Dask worker)."""
     try:
-        from tcdsl.api import define
-
-        kernel = define(source)
+        kernel = kernel_of(source)
         options = MappingOptions.from_json(options_json)
         dummies = [s.dummy() for s in specs]
         if backend == "c":
             kernel.compiled(*dummies, options=options)
         elif backend == "opencl":
-            from tcdsl import gpurt
-
             gpurt.OpenCLKernel(kernel.lowered_gpu(*dummies, backend="opencl", options=options))
         else:
-            from tcdsl.codegen import nvrtc
-
             low = kernel.lowered_gpu(*dummies, backend="cuda", options=options)
             if nvrtc.available():
                 nvrtc.compile_cuda(low.source.text)
@@ -273,14 +274,14 @@ _REMOTE_TIMERS: dict[tuple, Worker] = {}  # in an executor's worker process: the
 _REMOTE_LOCK = threading.Lock()  # one timing at a time per process, whatever the executor's threads
 
 
-def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: int, backend: str, runner: str,
-                compile_timeout_s: float, run_timeout_s: float) -> tuple:
+def time_remote(kernel_of: KernelOf, source: str, inputs: list[np.ndarray], options_json: str, reps: int,
+                backend: str, runner: str, compile_timeout_s: float, run_timeout_s: float) -> tuple:
     """Runs on an executor's worker (a Dask worker on another machine, say): lowers, loads and
     times one candidate in an isolated timing process of that worker, which is kept for the job's
     next candidates (until another job comes); returns ("ok", seconds) or ("error", why). A
     candidate that crashes or hangs ends that process, not the executor's worker. Tasks of one
     process take turns (the timings stay apart, and so do the requests to the timing process)."""
-    key = (source, tuple(ArgSpec.of(a) for a in inputs), reps, backend, runner)
+    key = (kernel_of, source, tuple(ArgSpec.of(a) for a in inputs), reps, backend, runner)
     with _REMOTE_LOCK:
         timer = _REMOTE_TIMERS.get(key)
         if timer is None:  # a new job: the last one's process goes
@@ -288,7 +289,7 @@ def time_remote(source: str, inputs: list[np.ndarray], options_json: str, reps: 
                 old.stop()
             _REMOTE_TIMERS.clear()
             timer = _REMOTE_TIMERS[key] = Worker(runner)
-            timer.set_job(("job", source, inputs, reps, backend))
+            timer.set_job(("job", kernel_of, source, inputs, reps, backend))
         timer.send(("prepare", options_json))
         reply = timer.receive(compile_timeout_s)
         if reply[0] != "ok":
@@ -317,6 +318,7 @@ class Evaluator:
     source: str
     inputs: list[np.ndarray]
     reference: list[np.ndarray]  # the interpreter's outputs on ``inputs``
+    kernel_of: KernelOf  # how a worker process makes the kernel of ``source``
     executor: Executor | None = None
     compile_timeout_s: float = 300.0
     run_timeout_s: float = 60.0
@@ -338,7 +340,7 @@ class Evaluator:
         if self.time_on == "executor" and self.executor is None:
             raise ValueError("time_on='executor' needs an executor")
         self._timer = Worker(self.runner)
-        self._timer.set_job(("job", self.source, self.inputs, self.reps, self.backend))
+        self._timer.set_job(("job", self.kernel_of, self.source, self.inputs, self.reps, self.backend))
         self._timer.start()  # it starts up while the first candidates compile
         self._compilers: list[Worker] = []
         self.specs = [ArgSpec.of(a) for a in self.inputs]
@@ -424,7 +426,7 @@ class Evaluator:
                 break
             while pending and idle:
                 w, i = idle.pop(), pending.pop(0)
-                w.send(("compile", self.source, self.specs, texts[i], self.backend))
+                w.send(("compile", self.kernel_of, self.source, self.specs, texts[i], self.backend))
                 assert w.conn is not None
                 busy[w.conn.fileno()] = (w, i, time.monotonic())
             next_stop = min([stop, *(t0 + self.compile_timeout_s for _, _, t0 in busy.values())])
@@ -447,7 +449,7 @@ class Evaluator:
 
     def _compile_on_executor(self, texts: list[str]) -> list[str | None]:
         assert self.executor is not None
-        futures = {self.executor.submit(compile_candidate, self.source, self.specs, t, self.backend): i
+        futures = {self.executor.submit(compile_candidate, self.kernel_of, self.source, self.specs, t, self.backend): i
                    for i, t in enumerate(texts)}
         results: list[str | None] = [None] * len(texts)
         timeout_at = time.monotonic() + self.compile_timeout_s
@@ -510,8 +512,9 @@ class Evaluator:
     def _submit_timing(self, text: str, timeout: float) -> Future:
         """The remote task's own waits end with the deadline's grace too."""
         assert self.executor is not None
-        return self.executor.submit(time_remote, self.source, self.inputs, text, self.reps, self.backend,
-                                    self.runner, self._limit(self.compile_timeout_s), self._limit(timeout))
+        return self.executor.submit(time_remote, self.kernel_of, self.source, self.inputs, text, self.reps,
+                                    self.backend, self.runner, self._limit(self.compile_timeout_s),
+                                    self._limit(timeout))
 
     def _remote_reply(self, f: Future, timeout: float) -> tuple:
         seconds = self.compile_timeout_s + timeout + 60

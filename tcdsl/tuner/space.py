@@ -16,13 +16,13 @@ import math
 import re
 from typing import Any
 
-from tcdsl import dtypes as T
-from tcdsl.affine import Sym
-from tcdsl.checked import CheckedDef
-from tcdsl.errors import TcScheduleError
-from tcdsl.options import FUSION, MappingOptions
+from tcdsl.core import dtypes as T
+from tcdsl.core.affine import Sym
+from tcdsl.core.checked import CheckedDef
+from tcdsl.core.errors import TcScheduleError
+from tcdsl.core.options import FUSION, MappingOptions
+from tcdsl.core.sema import BUILTINS
 from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS, SM90, check_options
-from tcdsl.sema import BUILTINS
 
 from .genetic import Gene, Genome, Space
 

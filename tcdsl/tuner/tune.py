@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl.codegen import toolchain
-from tcdsl.options import MappingOptions
-from tcdsl.version import __version__
+from tcdsl import gpurt
+from tcdsl.codegen import nvrtc, toolchain
+from tcdsl.core.options import MappingOptions
+from tcdsl.core.version import __version__
 
 from . import space as S
 from .cache import TuneKey, TuningCache
@@ -122,15 +123,10 @@ def _model_name() -> str:
 def device_for(backend: str) -> tuple[str, str, str]:
     """(device name, architecture, compiler) that results on ``backend`` depend on."""
     if backend == "opencl":
-        from tcdsl import gpurt
-
         cl, ctx, _ = gpurt.opencl()
         dev = ctx.devices[0]
         return dev.name, f"opencl-{dev.type}", f"{dev.platform.name} {dev.driver_version}"
     if backend == "cuda":
-        from tcdsl import gpurt
-        from tcdsl.codegen import nvrtc
-
         target = gpurt.cuda_target()
         name = target.name
         if gpurt.cuda_available():
@@ -168,8 +164,6 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     GPU options for "opencl" and "cuda"); see the module docstring."""
     deadline = time.monotonic() + budget if budget is not None else math.inf
     if backend == "cuda":
-        from tcdsl import gpurt
-
         gpurt._cupy()  # no device: say so now, not once per candidate
     cache = cache or TuningCache()
     checked = kernel.checked
@@ -182,7 +176,7 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     reference = list(reference) if isinstance(reference, tuple) else [reference]
     if budget is not None:  # the search gets what the setup left
         config = replace(config, budget_s=max(0.0, deadline - time.monotonic()))
-    evaluator = Evaluator(str(checked), list(arrays), reference, executor=executor, reps=reps,
+    evaluator = Evaluator(str(checked), list(arrays), reference, type(kernel).of_source, executor=executor, reps=reps,
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
                           backend=backend, time_on=time_on, deadline=deadline)
     plan = _Budget(deadline, budget)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl.options import MappingOptions
+from tcdsl.core.options import MappingOptions
 from tcdsl.tuner.evaluate import FLUSH_BYTES, WORKER_MARK, compile_candidate, kill_marked, start_outputs
 
 
@@ -29,8 +29,9 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 
 def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
-    """Answer requests until the pipe closes: ("job", source, inputs, reps, backend) -> ("ok", "job");
-    ("compile", source, specs, options, backend) -> ("ok",) or ("error", why); ("prepare", options) -> the
+    """Answer requests until the pipe closes: ("job", kernel_of, source, inputs, reps, backend) -> ("ok", "job")
+    (``kernel_of``: TC text -> kernel, see ``evaluate.KernelOf``); ("compile", kernel_of, source, specs,
+    options, backend) -> ("ok",) or ("error", why); ("prepare", options) -> the
     same, for the job's kernel in this process; ("time", options,
     want_outputs) -> ("ok", seconds, outputs or None) or ("error", why). ``runner_path``
     ("module:function", with ``time_candidate``'s signature) times a candidate."""
@@ -47,10 +48,8 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
             return
         try:
             if msg[0] == "job":
-                from tcdsl.api import define
-
-                kernel, inputs, reps = define(msg[1]), msg[2], msg[3]
-                backend = msg[4] if len(msg) > 4 else "c"
+                kernel, inputs, reps = msg[1](msg[2]), msg[3], msg[4]
+                backend = msg[5] if len(msg) > 5 else "c"
                 replies.send(("ok", "job"))
             elif msg[0] == "compile":
                 err = compile_candidate(*msg[1:])

@@ -2,7 +2,7 @@
 
 ``name -> Builtin``: arity, typing kind, numpy implementation (for the reference interpreter), and
 how C, CUDA and OpenCL C spell a call; read by semantic analysis, the interpreter, derivatives and
-every emitter. Functions a target lacks come from ``tcdsl.mathlib`` (C text).
+every emitter. Functions a target lacks come from ``tcdsl.codegen.mathlib`` (C text).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _norm(*args: np.ndarray, reciprocal: bool = False) -> np.ndarray:
 
 
 def _hankel(x: np.ndarray, order: int, second: bool) -> np.ndarray:
-    """J or Y of order 0 or 1 for x >= 8 from Hankel's P and Q (tcdsl.mathlib's Chebyshev fits);
+    """J or Y of order 0 or 1 for x >= 8 from Hankel's P and Q (tcdsl.codegen.mathlib's Chebyshev fits);
     the phase x - (2n + 1) pi / 4 is taken as sums of sin x and cos x (exact in x), not by
     subtracting a rounded multiple of pi as scipy does."""
     t = 128.0 / (x * x) - 1.0
@@ -244,7 +244,7 @@ def _b(name: str, arity: int, numpy: Impl, c: str | None = None, **kw: Any) -> B
 
 
 def _lib(name: str, arity: int, numpy: Impl, cuda: str | None = None, **kw: Any) -> Builtin:
-    """A builtin C takes from tcdsl.mathlib (``tc_<name>``); CUDA has it natively unless told."""
+    """A builtin C takes from tcdsl.codegen.mathlib (``tc_<name>``); CUDA has it natively unless told."""
     args = ", ".join(f"{{{i}}}" for i in range(arity))
     return Builtin(name, arity, "math", numpy, f"tc_{name}{{f}}({args})",
                    cuda if cuda is not None else f"{name}{{f}}({args})", **kw)
@@ -275,12 +275,12 @@ _TABLE: tuple[Builtin, ...] = (
     _b("logb", 1, _f64(_logb), derivative="flat"),
     _b("nextafter", 2, np.nextafter, half="tc_nextafter_half{f}({0}, {1})"),
     _b("remainder", 2, _f64(_remainder)), _b("copysign", 2, np.copysign), _b("fdim", 2, _f64(_fdim)),
-    # libm has these; OpenCL C takes them from tcdsl.mathlib
+    # libm has these; OpenCL C takes them from tcdsl.codegen.mathlib
     _b("j0", 1, _f64(_bessel_jy(sp.j0, 0, False)), opencl="tc_j0{f}({0})"),
     _b("j1", 1, _f64(_bessel_jy(sp.j1, 1, False)), opencl="tc_j1{f}({0})"),
     _b("y0", 1, _f64(_bessel_jy(sp.y0, 0, True)), opencl="tc_y0{f}({0})"),
     _b("y1", 1, _f64(_bessel_jy(sp.y1, 1, True)), opencl="tc_y1{f}({0})"),
-    # OpenCL C has these; C takes them from tcdsl.mathlib
+    # OpenCL C has these; C takes them from tcdsl.codegen.mathlib
     _lib("sinpi", 1, _f64(lambda x: _sinpi_cospi(x)[0]), opencl="sinpi{f}({0})"),
     _lib("cospi", 1, _f64(lambda x: _sinpi_cospi(x)[1]), opencl="cospi{f}({0})"),
     # neither has these

@@ -219,6 +219,10 @@ class CheckedDef:
     def tensors(self) -> dict[str, Tensor]:
         return {t.name: t for t in (*self.inputs, *self.outputs, *self.temps)}
 
+    def statement(self, number: int) -> Statement:
+        """The statement numbered ``number`` (``Statement.number``, 1-based)."""
+        return self.stmts[number - 1]
+
     def __str__(self) -> str:
         lines = [definition(self.source)]
         for s in self.stmts:

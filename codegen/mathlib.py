@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .mathlib_tables import TABLES
+from tcdsl.core.mathlib_tables import TABLES
 
 
 @dataclass(frozen=True)
