@@ -107,6 +107,9 @@ BMM = "def bmm(float(Bt,M,K) A, float(Bt,K,N) B) -> (C) { C(b,m,n) +=! A(b,m,r_k
 CONV2D = """def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
     O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
 }"""
+CONV2D_SAME = """def conv2d_same(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+}"""
 GROUP_CONV = """def group_conv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
     O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
 }"""
@@ -145,6 +148,10 @@ MAXPOOL = """def maxpool(float(N,C,H,W) I) -> (O) {
 def np_conv2d(I: np.ndarray, W: np.ndarray) -> np.ndarray:
     win = sliding_window_view(I, W.shape[2:], axis=(2, 3))  # (N, C, H', W', KH, KW)
     return np.ascontiguousarray(np.einsum("nchwij,fcij->nfhw", win, W, optimize=True))
+
+
+def np_conv2d_same(I: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np_conv2d(np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1))), W)
 
 
 def np_group_conv(I: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -212,6 +219,7 @@ def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
         "tmm": lambda A, B: torch.matmul(A, B.t()),
         "bmm": torch.bmm,
         "conv2d": F.conv2d,
+        "conv2d_same": lambda I, W: F.conv2d(I, W, padding=1),
         "group_conv": group_conv,
         "fc_relu": lambda I, W1, B1: F.relu(F.linear(I, W1, B1)),
         "mlp2": lambda I, W1, B1, W2, B2: F.relu(F.linear(F.relu(F.linear(I, W1, B1)), W2, B2)),
@@ -275,6 +283,7 @@ FLOP_COUNTS: dict[str, Callable[..., int]] = {  # by Case.torch_key
     "tmm": tmm_flops,
     "bmm": bmm_flops,
     "conv2d": conv2d_flops,
+    "conv2d_same": lambda i, w: conv2d_flops((i[0], i[1], i[2] + 2, i[3] + 2), w),  # padded by 1: H x W out
     "group_conv": group_conv_flops,
     "fc_relu": fc_relu_flops,
     "mlp2": mlp2_flops,
@@ -323,6 +332,8 @@ def cases() -> list[Case]:
         Case("bmm", "64 x 128x128x128", BMM, "bmm", np.matmul, [(64, 128, 128), (64, 128, 128)]),
         Case("conv2d", "N8 C64 56x56 F64 3x3", CONV2D, "conv2d", np_conv2d, [(8, 64, 56, 56), (64, 64, 3, 3)]),
         Case("conv2d_46", "N8 C64 46x46 F64 3x3", CONV2D, "conv2d", np_conv2d, [(8, 64, 46, 46), (64, 64, 3, 3)]),
+        Case("conv2d_same", "N8 C64 56x56 F64 3x3, padded by 1", CONV2D_SAME, "conv2d_same", np_conv2d_same,
+             [(8, 64, 56, 56), (64, 64, 3, 3)]),
         Case("group_conv", "N32 G32 C=F=16 28x28 3x3", GROUP_CONV, "group_conv", np_group_conv,
              [(32, 32, 16, 28, 28), (32, 16, 16, 3, 3)]),
         Case("fc_relu", "128x1024 -> 1024", FC_RELU, "fc_relu", np_fc_relu, [(128, 1024), (1024, 1024), (1024,)]),
