@@ -248,3 +248,21 @@ def test_the_workers_end_with_a_tuner_killed_mid_compile(faulty_cc: FaultyCC, tm
         tuner.kill()
         tuner.wait()
     assert faulty_cc.survivors(wait_s=5.0) == []  # each worker sees its parent go within a second
+
+
+def test_a_worker_whose_tuner_died_before_it_started_ends() -> None:
+    """The tuner passes its pid: a worker that starts (or finishes importing) after the tuner is
+    gone, and so never saw it as its parent, ends at once instead of watching its new parent."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no process's parent any more
+    r, w = os.pipe()
+    worker = subprocess.Popen([sys.executable, "-m", "tcdsl.tuner.worker", str(r), str(w),
+                               "tcdsl.tuner.evaluate:time_candidate", str(gone.pid)], pass_fds=(r, w),
+                              start_new_session=True)
+    os.close(r)
+    os.close(w)
+    try:
+        assert worker.wait(timeout=30) != 0  # it killed itself: no reply, no request was needed
+    finally:
+        if worker.poll() is None:
+            worker.kill()

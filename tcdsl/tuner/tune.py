@@ -230,7 +230,10 @@ class _Budget:
 class _Evaluate:
     """The search's cost function: pruned genomes are not compiled; once the evaluator is out of
     time (the search's share of the budget), the rest of a generation is skipped (scored inf,
-    counted apart from the invalid), and so are the candidates its deadline stopped."""
+    counted apart from the invalid), and so are the candidates its deadline stopped. Until a
+    candidate has a valid time they go one at a time, the defaults first (``_seeds``): a small
+    budget on a loaded machine then times the defaults alone within the deadline's grace rather
+    than cutting a whole batch compiled together."""
 
     BATCH = 8  # candidates compiled together between deadline checks
 
@@ -241,8 +244,10 @@ class _Evaluate:
     def __call__(self, genomes: list[S.Genome]) -> list[float]:
         keep = [g for g in genomes if S.prune(self.space, g) is None]
         costs: dict[S.Genome, float] = {}
-        for i in range(0, len(keep), self.BATCH):
-            batch = keep[i:i + self.BATCH]
+        i = 0
+        while i < len(keep):
+            size = self.BATCH if math.isfinite(self.evaluator.best) else 1
+            batch, i = keep[i:i + size], i + size
             self.evaluator.deadline = self.budget.search_end(self.evaluator)
             if self.evaluator.out_of_time():
                 self.skipped.update(batch)

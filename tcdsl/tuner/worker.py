@@ -1,5 +1,5 @@
 """A tuning worker process: serves compile and timing requests of ``tcdsl.tuner.evaluate`` over
-two pipes (``python -m tcdsl.tuner.worker IN_FD OUT_FD RUNNER``); it never imports the user's
+two pipes (``python -m tcdsl.tuner.worker IN_FD OUT_FD RUNNER PARENT_PID``); it never imports the user's
 script, and whatever a candidate does to it (a crash, a hang) ends here. When the tuning process
 goes away, the worker ends too, and takes whatever it started with it.
 """
@@ -74,7 +74,9 @@ def serve(requests: Connection, replies: Connection, runner_path: str) -> None:
 
 def _end_with(parent: int) -> None:
     """Poll until ``parent`` is gone (this process is then adopted), then kill this worker and
-    everything it started: a hung compile must not outlive the tuner."""
+    everything it started: a hung compile must not outlive the tuner. ``parent`` is the pid the
+    tuner passed, not this process's parent when the poll starts: a tuner killed while the worker
+    was still importing would otherwise leave it watching its new parent forever."""
     while os.getppid() == parent:
         time.sleep(1.0)
     kill_marked(os.environ.get(WORKER_MARK, ""))
@@ -84,5 +86,5 @@ def _end_with(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=_end_with, args=(int(sys.argv[4]),), daemon=True).start()
     serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False), sys.argv[3])
