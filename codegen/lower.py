@@ -154,7 +154,10 @@ def blocked_transposes(ir: LoopIR, f: Facts) -> LoopIR:
 # ---- regtile ----
 def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
     """Register tiles (regtile.match); a ``!`` statement whose tiles run its whole reduction starts
-    them at the identity, and its initialisation nests go (regtile.identity_starts)."""
+    them at the identity, and its initialisation nests go (regtile.identity_starts). A tile that
+    runs the whole reduction of its elements while other updates of the statement do not (the
+    interior of a split statement) starts at the identity too; the initialisation stays for the
+    others."""
     identity = regtile.identity_starts(ir.body, f.scop, f.c)
 
     def visit(n: LNode) -> LNode | None:
@@ -163,7 +166,8 @@ def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
         rt = regtile.match(n, f.scop, f.c)
         if rt is None:
             return None
-        return replace(rt, identity=f.scop.stmt(rt.call.stmt).number in identity)
+        s = f.scop.tc_statement(rt.call.stmt)
+        return replace(rt, identity=s.number in identity or (s.init and regtile.whole_reduction(rt, f.scop, s)))
 
     body = _rewrite(ir.body, visit)
     kept = tuple(n for n in body if not _initialised_by_tiles(n, identity))

@@ -118,7 +118,7 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) ->
         name = f"S{s.number}"
         if not s.init or name not in tiles or calls.get(name) != len(tiles[name]):
             continue
-        if not all(_whole_reduction(rt, scop, s) for rt in tiles[name]):
+        if not all(whole_reduction(rt, scop, s) for rt in tiles[name]):
             continue
         if not _init_nests_apart(body, f"init{s.number}") or not _updates_cover_init(scop, s.number):
             continue
@@ -126,7 +126,9 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) ->
     return out
 
 
-def _whole_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:
+def whole_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:
+    """The serial loops of ``rt`` run the statement's whole (rectangular) reduction, from its first
+    point to its last, for every element of the tile: no other update touches them."""
     st = scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
     reductions = list(s.reductions)

@@ -150,7 +150,8 @@ class Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **{WORKER_MARK: self.token})
         quiet = None if knobs.debug() else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tcdsl.tuner.worker", str(to_child_r), str(to_parent_w), self.runner, str(os.getpid())],
+            [sys.executable, "-m", "tcdsl.tuner.worker", str(to_child_r), str(to_parent_w), self.runner,
+             str(os.getpid())],
             pass_fds=(to_child_r, to_parent_w), env=env, stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet,
             start_new_session=True)
         os.close(to_child_r)
