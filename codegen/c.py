@@ -352,7 +352,7 @@ class _Emitter(Facts):
         w.line("#else")
         w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
         w.line("#endif")
-        for g in (*panel, *tile.serial):
+        for g in (*tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")
             w.push()

@@ -5,7 +5,8 @@ For each vector element type (``tc_vf``: float32, ``tc_vd``: float64) the prelud
 type and ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma``, ``_max``, ``_min`` and ``_select``
 (by a lane mask); ``+ - * /`` are C operators on the vector types (GCC and clang vector
 extensions). ``tc_vi`` (int32, as many lanes as float32) has ``_load``, ``_store``, ``_set1``,
-``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512,
+``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512 also has
+half-width ``tc_hf``/``tc_hd`` (256 bits) for the short last vector of a tile's row. AVX-512,
 AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target uses generic vector
 extensions of the target's width. Rows of elements ``s`` apart have ``_gather(p, s)`` and
 ``_scatter(p, s, v)`` on every target.
@@ -48,6 +49,11 @@ _X86 = {  # isa -> (register type suffix, intrinsic prefix, asm constraint)
 
 def vector_type(dtype: str) -> str:
     return {"float32": "tc_vf", "float64": "tc_vd", "int32": "tc_vi"}[dtype]
+
+
+def half_type(dtype: str) -> str:
+    """The half-width vector of ``dtype`` (float32/float64, where ``CpuTarget.half_vectors``)."""
+    return {"float32": "tc_hf", "float64": "tc_hd"}[dtype]
 
 
 def prelude(target: CpuTarget) -> str:
@@ -110,11 +116,28 @@ def _x86(target: CpuTarget) -> str:
                   f"#define tc_{t}_fma(a, b, c) {pre}_fmadd_{sfx}(a, b, c)" if fma else
                   f"#define tc_{t}_fma(a, b, c) ((a) * (b) + (c))"]
     lines += _x86_min_max(target.isa)
+    if target.half_vectors:
+        lines += _x86_half()
     if target.isa == "avx512":
         lines.append(_EXP_AVX512)
     elif target.isa == "avx2":
         lines.append(_EXP_AVX2)
     return "\n".join(lines) + "\n"
+
+
+def _x86_half() -> list[str]:
+    """AVX-512's half vectors (``CpuTarget.half_vectors``): ``tc_hf``/``tc_hd``, 256 bits, with
+    ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma`` and ``_lo`` (the lower half of a full vector:
+    a broadcast shared with the full vectors of a tile)."""
+    lines = ["typedef __m256 tc_hf;", "typedef __m256d tc_hd;"]
+    for t, sfx in (("hf", "ps"), ("hd", "pd")):
+        lines += [f"#define tc_{t}_load(p) _mm256_loadu_{sfx}(p)",
+                  f"#define tc_{t}_store(p, v) _mm256_storeu_{sfx}(p, v)",
+                  f"#define tc_{t}_set1(x) _mm256_set1_{sfx}(x)",
+                  f"#define tc_{t}_zero() _mm256_setzero_{sfx}()",
+                  f"#define tc_{t}_fma(a, b, c) _mm256_fmadd_{sfx}(a, b, c)",
+                  f"#define tc_{t}_lo(v) _mm512_cast{sfx}512_{sfx}256(v)"]
+    return lines
 
 
 def _x86_min_max(isa: str) -> list[str]:

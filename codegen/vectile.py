@@ -46,7 +46,7 @@ from tcdsl.core.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
 from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, sum_terms, trip_count
 
 from .facts import Facts
-from .vecisa import vector_type
+from .vecisa import half_type, vector_type
 from .writer import unparen
 
 if TYPE_CHECKING:
@@ -87,9 +87,12 @@ class VectorTile:
     shift: LExpr | None = None
     shift_ok: LExpr | None = None
     stride: int = 1  # elements between the target's neighbours along the row (> 1: gathered and scattered)
+    half: bool = False  # the last vector of a row is a half vector (CpuTarget.half_vectors) of lanes // 2
 
     def __str__(self) -> str:
         text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
+        if self.half:
+            text += f", the last a half vector of {self.lanes // 2}"
         if self.stride != 1:
             text += f", gathered (the row {self.stride} elements apart)"
         if self.full:
@@ -135,8 +138,11 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
     for e in rt.extents[:-1]:
         rows *= e
     starts = tuple(range(0, extent - lanes + 1, lanes))
+    # a row's last few elements, if they fit in a half vector, take one (a sum of products only)
+    half = (em.target.half_vectors and stride == 1 and dtype in VECTOR_DTYPES and s.op == "+"
+            and 0 < extent % lanes <= lanes // 2 and _half_expr(s.rhs))
     if extent % lanes:
-        starts += (extent - lanes,)
+        starts += (extent - lanes // 2 if half else extent - lanes,)
     if rows * len(starts) > em.target.accumulators:
         return None
     if dtype in TILE_SUMS and rows * len(starts) + len(starts) + rows > em.target.vector_registers:
@@ -151,7 +157,16 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
         full.append(LOp(">=", (cond.args[1], LInt(_init(f) + e - (1 if cond.op == "<=" else 0)))))
     shift = _shift(em, rt, s, row, args[row], omp_vars) if len(full) == 1 and trip_count(vec) is None else None
     shifted, shift_ok = shift or (None, None)
-    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride)
+    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half)
+
+
+def _half_expr(e: TExpr) -> bool:
+    """``e`` has only what half vectors have: reads, constants, negation, ``+ - *``."""
+    if isinstance(e, (Read, Const)):
+        return True
+    if isinstance(e, Binop):
+        return e.op in OPS and _half_expr(e.lhs) and _half_expr(e.rhs)
+    return isinstance(e, Unop) and e.op == "-" and _half_expr(e.arg)
 
 
 def _shift(em: Facts, rt: LTile, s: Statement, row: str, at: LExpr,
@@ -242,18 +257,20 @@ def elem_step(em: Facts, tensor: str, subs: tuple[Sym, ...], row: str) -> int | 
 
 
 def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
-          loads: dict[str, str] | None = None, lane: int | None = None) -> str:
+          loads: dict[str, str] | None = None, lane: int | None = None, half: bool = False) -> str:
     """``e`` as a vector expression (codegen.vecisa); with ``loads``, each distinct load or
     broadcast is named there once (``load text -> local``) and the expression uses the names;
-    ``lane``: the vector's offset in its tile row, where a read comes from packed panels."""
+    ``lane``: the vector's offset in its tile row, where a read comes from packed panels; ``half``:
+    in half vectors (``_half_expr``), each broadcast the lower half of the full vectors' one."""
     v = vector_type(e.dtype)
+    h = half_type(e.dtype) if half else v
     if isinstance(e, Const):
-        return f"{v}_set1({em._expr(e, env, s)})"
+        return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
-        a, b = vexpr(em, e.lhs, env, s, row, loads, lane), vexpr(em, e.rhs, env, s, row, loads, lane)
+        a, b = (vexpr(em, e.lhs, env, s, row, loads, lane, half), vexpr(em, e.rhs, env, s, row, loads, lane, half))
         return f"({a} {LOOP_OPS[e.op]} {b})"
     if isinstance(e, Unop):
-        return f"(-{vexpr(em, e.arg, env, s, row, loads, lane)})"
+        return f"(-{vexpr(em, e.arg, env, s, row, loads, lane, half)})"
     if isinstance(e, Call) and e.fn in ("max", "min"):
         return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads, lane) for a in e.args)})"
     if isinstance(e, Call):
@@ -264,14 +281,15 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
     assert isinstance(e, Read)
     if id(e) in em.packed and lane is not None:  # codegen.lower's pack pass: from the panels
         at = f"{em.packed[id(e)]}{lane}]"
-        return _named(f"{v}_load(&{at})", True, loads)
+        return _named(f"{h}_load(&{at})", True, loads)
     at = em._read(e, env, s)
     step = None if id(e) in em.hoisted or e.tensor in em.scalars else elem_step(em, e.tensor, _syms(e), row)
     if step == 1:
-        return _named(f"{v}_load(&{at})", True, loads)
-    if step:  # vector_expr allowed it: a tile with a strided row
+        return _named(f"{h}_load(&{at})", True, loads)
+    if step:  # vector_expr allowed it: a tile with a strided row (never in half vectors)
         return _named(f"{v}_gather(&{at}, {step})", True, loads)
-    return _named(f"{v}_set1({at})", False, loads)
+    broadcast = _named(f"{v}_set1({at})", False, loads)
+    return f"{h}_lo({broadcast})" if half else broadcast
 
 
 def _named(text: str, along: bool, loads: dict[str, str] | None) -> str:
@@ -309,16 +327,27 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         return em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env_at(combo, start))
 
     v = vector_type(s.rhs.dtype)
-    overlap = " (the last overlapping the one before)" if vt.starts[-1] % vt.lanes else ""
-    w.line(f"// in {len(vt.starts)} vectors of {vt.lanes} per row{overlap}")
-    identity = {"+": f"{v}_zero()", "*": f"{v}_set1(1)", "max": f"{v}_set1(-INFINITY)",
-                "min": f"{v}_set1(INFINITY)"}[s.op]
-    def load(at: str) -> str:
-        return f"{v}_load(&{at})" if vt.stride == 1 else f"{v}_gather(&{at}, {vt.stride})"
+    hv = half_type(s.rhs.dtype) if vt.half else v
+    halves = {key for key in tiles if vt.half and key[1] == vt.starts[-1]}
+
+    def vtype(key: tuple[tuple[int, ...], int]) -> str:
+        return hv if key in halves else v
+
+    starts = vt.starts
+    overlap = " (the last overlapping the one before)" if len(starts) > 1 and starts[-1] < starts[-2] + vt.lanes else ""
+    if vt.half:
+        w.line(f"// in {len(starts) - 1} vectors of {vt.lanes} and one of {vt.lanes // 2} per row{overlap}")
+    else:
+        w.line(f"// in {len(starts)} vectors of {vt.lanes} per row{overlap}")
+    identity = {"+": "_zero()", "*": "_set1(1)", "max": "_set1(-INFINITY)", "min": "_set1(INFINITY)"}[s.op]
+
+    def load(key: tuple[tuple[int, ...], int]) -> str:
+        at = target(*key)
+        return f"{vtype(key)}_load(&{at})" if vt.stride == 1 else f"{v}_gather(&{at}, {vt.stride})"
 
     for key in tiles:
-        value = identity if identity_start else load(target(*key))
-        w.line(f"{v} {acc[key]} = {value};")
+        value = vtype(key) + identity if identity_start else load(key)
+        w.line(f"{vtype(key)} {acc[key]} = {value};")
     for loop in rt.serial:
         w.line(f"for (long {loop.var} = {em._lexpr(loop.init)}; {unparen(em._lexpr(loop.cond))}; "
                f"{loop.var} += {loop.step}) {{")
@@ -329,15 +358,15 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         key = (combo, start)
         env = env_at(combo, start)
 
-        def vx(e: TExpr, env: dict[str, str] = env, lane: int = start) -> str:
-            return vexpr(em, e, env, s, vt.row, loads, lane)
+        def vx(e: TExpr, env: dict[str, str] = env, lane: int = start, half: bool = key in halves) -> str:
+            return vexpr(em, e, env, s, vt.row, loads, lane, half)
 
         if s.op in ("max", "min"):  # as the scalar tc_max/tc_min: NaN-propagating, ties to the new value
             updates.append(f"{acc[key]} = {v}_{s.op}({acc[key]}, {vx(s.rhs)});")
         elif s.op == "*":
             updates.append(f"{acc[key]} = {acc[key]} * {vx(s.rhs)};")
         elif isinstance(s.rhs, Binop) and s.rhs.op == "*":
-            updates.append(f"{acc[key]} = {v}_fma({vx(s.rhs.lhs)}, {vx(s.rhs.rhs)}, {acc[key]});")
+            updates.append(f"{acc[key]} = {vtype(key)}_fma({vx(s.rhs.lhs)}, {vx(s.rhs.rhs)}, {acc[key]});")
         else:
             updates.append(f"{acc[key]} = {acc[key]} + {vx(s.rhs)};")
     # the vector loads first, kept in registers; each broadcast just before its first use, so
@@ -345,7 +374,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
     kept = [name for text, name in loads.items() if "_load(" in text or "_gather(" in text]
     for text, name in loads.items():
         if name in kept:
-            w.line(f"{v} {name} = {text};")
+            w.line(f"{hv if text.startswith(hv + '_') else v} {name} = {text};")
     for name in kept:
         w.line(f"tc_keep({name});")
     pending = {name: text for text, name in loads.items() if name not in kept}
@@ -359,7 +388,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         w.line("}")
     for key in tiles:
         if vt.stride == 1:
-            w.line(f"{v}_store(&{target(*key)}, {acc[key]});")
+            w.line(f"{vtype(key)}_store(&{target(*key)}, {acc[key]});")
         else:
             w.line(f"{v}_scatter(&{target(*key)}, {vt.stride}, {acc[key]});")
 

@@ -43,6 +43,15 @@ class CpuTarget:
         return self.vector_registers - max(4, self.vector_registers // 4)
 
     @property
+    def half_vectors(self) -> bool:
+        """Whether the ISA has vectors of half the width with the same arithmetic (AVX-512's 256-bit
+        registers), which a register tile ends a row with where the row's last few elements fit in
+        one: Zen 4 runs a 512-bit FMA as two 256-bit halves, so a 54-wide conv row costs 3.5 full
+        FMAs per step rather than 4 (single thread, 8x64x56x56 conv 18.1 -> 16.1 ms); a machine
+        with whole 512-bit FMA units spends one FMA slot either way."""
+        return self.isa == "avx512"
+
+    @property
     def key(self) -> str:
         """What compiled code depends on (the caches are the tiling's inputs; the core count is not:
         a kernel asks OpenMP at run time)."""
