@@ -30,7 +30,7 @@ from tcdsl.core.version import __version__
 from tcdsl.polyhedral import cputarget
 from tcdsl.polyhedral.cputarget import CpuTarget
 
-from . import diskcache
+from . import diskcache, pch
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
          "-std=gnu11")
@@ -231,11 +231,19 @@ def _compile(source: str, lib: Path, key: str, entry: str, symbol: str) -> Built
     os.close(fd)
     libs = ["-lmvec", "-lm"] if "declare simd" in source else ["-lm"]
     rename = [f"-D{entry}={symbol}"] if entry else []
-    cmd = [*compiler(), *FLAGS, *target().flags, *rename, "-o", tmp, str(src), *libs]
+    cc, flags = compiler(), [*FLAGS, *target().flags]
+    pre = pch.include(cc, [f for f in flags if f != "-shared"], compiler_version(tuple(cc)), platform.machine(),
+                      run_tool)
+    cmd = [*cc, *flags, *rename, *pre, "-o", tmp, str(src), *libs]
     global BUILDS
     BUILDS += 1
     try:
         code, _, log = _run_compiler(cmd, src)
+        if code != 0 and pre:  # again without the precompiled header: the kernel's own text decides
+            cmd = [*cc, *flags, *rename, "-o", tmp, str(src), *libs]
+            code, _, log = _run_compiler(cmd, src)
+            if code == 0:
+                pch.discard(pre)  # it was the header that failed: the next kernel builds it again
         if code != 0:
             raise TcCompileError(f"C compilation failed (source kept at {src}):\n$ {shlex.join(cmd)}\n{log.strip()}")
         os.chmod(tmp, 0o600)  # the linker's mode follows the umask: no one else may rewrite it

@@ -59,6 +59,12 @@ def compile_timeout() -> float:
     return float(os.environ.get("TCDSL_COMPILE_TIMEOUT", "600"))
 
 
+def pch() -> bool:
+    """TCDSL_PCH: compile C kernels with a precompiled header of the system headers they include
+    (GCC only; default on, ``0`` turns it off; see tcdsl.codegen.pch)."""
+    return os.environ.get("TCDSL_PCH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def force_recompile() -> bool:
     """TCDSL_FORCE_RECOMPILE: ignore the on-disk cache of compiled kernels."""
     return _flag("TCDSL_FORCE_RECOMPILE")
