@@ -22,7 +22,6 @@ and the C emitter (codegen.c) only prints what the IR says.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -361,20 +360,6 @@ def pack_panels(ir: LoopIR, f: Facts) -> LoopIR:
 
 
 PACK_MAX_BYTES = 256 << 10  # a packed block lives on the thread's stack
-LINE, L1_WAYS = 64, 8
-
-
-def _set_conflicts(stride: int, rows: int, target: CpuTarget) -> bool:
-    """Whether ``rows`` lines ``stride`` bytes apart overfill the L1 sets they fall into, on a
-    target whose vectors are at most half a line. Measured on Zen 4, 2 threads: AVX2 matmul
-    1024^3 (4 KiB rows, one set) 101 -> 143 GFLOP/s packed; 960x1000x1088 (16 sets of 8 rows)
-    181 -> 171; AVX-512 (whole-line vectors), 1024^3 200 -> 187, so it is left alone."""
-    if target.vector_bytes > LINE // 2 or stride % LINE:
-        return False
-    sets = max(1, target.l1d // (LINE * L1_WAYS))
-    return rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
-
-
 def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[LFor, LPack] | None:
     """(the loop to pack before, the pack) for tile ``t`` under the loops ``path``, or None."""
     vt = t.vector
@@ -431,7 +416,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         inner = t.serial[-1]
         along = [i for i, a in args.items() if inner.var in expr_vars(a)]
         stride = vectile.elem_step(f, r.tensor, subs, along[0]) if len(along) == 1 else None
-        if stride is None or not _set_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0, f.target):
+        if stride is None or not f.target.panel_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0):
             continue
         return reuse, LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
                             tuple(g.var for g in t.serial), width, panels, depth, ())

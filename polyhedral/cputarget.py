@@ -11,11 +11,15 @@ narrow a wider machine to it. Its ``key`` enters every cache key, kernels and tu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tcdsl.core.errors import TcArgumentError
+
+
+LINE, L1_WAYS = 64, 8  # bytes of a cache line; ways of an L1 data cache set
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,17 @@ class CpuTarget:
         """Vector registers a register tile may keep as accumulators: the others hold the
         inputs of one step (a quarter of the file, at least four) and the broadcasts."""
         return self.vector_registers - max(4, self.vector_registers // 4)
+
+    def panel_conflicts(self, stride: int, rows: int) -> bool:
+        """Whether ``rows`` lines ``stride`` bytes apart (a register tile's operand panel read from
+        the caller's memory) overfill the L1 sets they fall into, on a target whose vectors are at
+        most half a line (codegen.lower packs such panels). Measured on Zen 4, 2 threads: AVX2
+        matmul 1024^3 (4 KiB rows, one set) 101 -> 143 GFLOP/s packed; 960x1000x1088 (16 sets of 8
+        rows) 181 -> 171; AVX-512 (whole-line vectors), 1024^3 200 -> 187, so it is left alone."""
+        if self.vector_bytes > LINE // 2 or stride <= 0 or stride % LINE:
+            return False
+        sets = max(1, self.l1d // (LINE * L1_WAYS))
+        return rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
 
     @property
     def half_vectors(self) -> bool:

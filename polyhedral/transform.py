@@ -28,10 +28,12 @@ from .scop import Scop, stmt_order
 
 ROW_REGISTER_ONE = 6  # register-tile rows of a contraction with one row member
 ROW_TILES_PER_CACHE_TILE = 8  # its cache tile: eight register tiles
-# On targets whose operand panels get packed (vectors of at most 32 bytes), a row cache tile of 144
-# rows shares each copy of the panels among 24 register tiles (AVX2 matmul 1024^3 on 2 threads:
-# 152 -> 169 GFLOP/s), where there are at least four such tiles to share among the threads
-PACKED_VECTOR_BYTES, PACKED_ROW_FACTOR, PACKED_ROW_BLOCKS = 32, 3, 4
+# Where the operand panels get packed (CpuTarget.panel_conflicts), a row cache tile of up to 144
+# rows shares each copy of the panels among up to 24 register tiles (AVX2 matmul 1024^3 on 2
+# threads: 152 -> 169 GFLOP/s); the rows are cut into a multiple of eight tiles of nearly equal
+# size, so that 2, 4 or 8 threads get equal shares (1024 rows: 8 tiles of 132, not 7 of 144 and
+# one of 16). Unpacked, the 48-row tiles balance better (AVX2 960x1000x1088: 201 against 140).
+PACKED_ROW_FACTOR, PACKED_ROW_BLOCKS = 3, 8
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
@@ -48,6 +50,7 @@ class MemberInfo:
     invariant: float  # accesses that do not move
     strided: float  # accesses that move along an outer dim
     extent: int  # the largest trip count over the statements (for tile-size choices)
+    stride: int = 0  # bytes the widest-moving read advances per step of the member (0: none known)
 
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions,
@@ -220,6 +223,9 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     else:
         order = list(range(n))
 
+    # the operand a one-row register tile loads along its rows will be packed into panels (its rows
+    # conflict in L1: codegen.lower's pack pass)
+    packed = len(rows) == 1 and any(target.panel_conflicts(infos[r].stride, red_tile) for r in red)
     # members along which another access is contiguous (a transpose's source)
     crossing = [i for i in par if not red and i != contig and infos[i].contiguous > 0]
     transposing = bool(crossing)
@@ -230,9 +236,11 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         # whole register tiles of rows; where the row operand may be copied into panels (vectors of
         # at most half a line, codegen.lower's pack pass) three times as many, to share each copy
         row_tile = ROW_REGISTER_ONE * ROW_TILES_PER_CACHE_TILE if len(rows) == 1 else 64
-        if len(rows) == 1 and target.vector_bytes <= PACKED_VECTOR_BYTES and \
-                infos[i].extent >= PACKED_ROW_BLOCKS * PACKED_ROW_FACTOR * row_tile:
-            row_tile *= PACKED_ROW_FACTOR
+        if i in rows and packed:
+            # up to three times as many rows, in a multiple of PACKED_ROW_BLOCKS tiles of nearly equal size
+            e, most = infos[i].extent, PACKED_ROW_FACTOR * row_tile
+            blocks = PACKED_ROW_BLOCKS * -(-e // (PACKED_ROW_BLOCKS * most))
+            row_tile = max(row_tile, ROW_REGISTER_ONE * -(-e // (ROW_REGISTER_ONE * blocks)))
         if transposing and i == contig:
             size = CROSS_CONTIG_TILE
         elif i in crossing:
@@ -441,7 +449,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
     counts = {dom.get_tuple_name(): _instances(scop, dom.get_tuple_name()) for dom in sets}
     total = sum(counts.values()) or 1
     contiguous = invariant = strided = 0.0
-    extent = 0
+    extent = stride = 0
     for dom in sets:
         st = scop.stmt(dom.get_tuple_name())
         weight = counts[st.name] / total
@@ -453,6 +461,9 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
         tc = scop.tc_statement(st.name)
         subs_list = [acc.subs for acc in tc.accesses if acc.kind in ("read", "cond")]
         subs_list.append(tuple(Sym.var(x, "index") for x in tc.lhs))
+        for acc in tc.accesses:
+            if acc.kind == "read":
+                stride = max(stride, _bytes_moved(scop, acc.tensor, [_move(x, st.indices, direction) for x in acc.subs]))
         for subs in subs_list:
             moves = [_move(sub, st.indices, direction) for sub in subs]
             if all(m == 0 for m in moves):
@@ -461,7 +472,19 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
                 contiguous += weight
             else:
                 strided += weight
-    return MemberInfo(contiguous, invariant, strided, extent)
+    return MemberInfo(contiguous, invariant, strided, extent, stride)
+
+
+def _bytes_moved(scop: Scop, tensor: str, moves: list[int | None]) -> int:
+    """Bytes an access of ``tensor`` advances when its subscripts move by ``moves`` (0 if unknown)."""
+    shape = scop.inst.shapes.get(tensor)
+    if shape is None or None in moves or len(moves) != len(shape):
+        return 0
+    step, size = 0, T.np_dtype(scop.inst.checked.tensors[tensor].dtype).itemsize
+    for d in reversed(range(len(shape))):
+        step += (moves[d] or 0) * size
+        size *= shape[d]
+    return abs(step)
 
 
 def _instances(scop: Scop, name: str) -> int:

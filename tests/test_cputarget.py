@@ -87,6 +87,26 @@ def test_register_tiles_fit_the_target(isa: str) -> None:
         plan(infos, [True, True, False], MappingOptions(), big).tile
 
 
+def test_rows_share_packed_panels_in_equal_tiles() -> None:
+    """Where the reduction walks an operand's rows 4 KiB apart (matmul 1024^3: one L1 set), AVX2
+    packs its panels, and the row cache tiles grow to share each copy, in eight tiles of nearly
+    equal size (1024 rows: 132 each, not 144 and a last one of 16); rows 4352 bytes apart (1088
+    columns) spread over the sets, unpacked, in 48-row tiles; AVX-512 vectors, whole lines, never
+    pack."""
+    avx512 = cputarget.from_features({"-mavx512f"}, "x86_64")
+    avx2 = cputarget.named("avx2", avx512)
+    assert avx2.panel_conflicts(4096, 128) and not avx2.panel_conflicts(4352, 128)
+    assert not avx512.panel_conflicts(4096, 128)
+
+    def rows(t: cputarget.CpuTarget, m: int, n: int) -> int:
+        infos = [MemberInfo(0, 1, 1, m, 4 * 1024), MemberInfo(1, 1, 0, n, 4), MemberInfo(0, 1, 1, 1024, 4 * n)]
+        return plan(infos, [True, True, False], MappingOptions(), t, 4).tile[0]
+
+    assert rows(avx2, 1024, 1024) == 132 and rows(avx2, 2048, 1024) == 6 * -(-2048 // 96)
+    assert rows(avx2, 1024, 1088) == 48 and rows(avx512, 1024, 1024) == 48
+    assert rows(avx2, 300, 1024) == 48  # too few rows to share: as unpacked
+
+
 @pytest.mark.cpu
 def test_the_target_is_in_the_kernel_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
     if toolchain.native_target(tuple(toolchain.compiler())).isa != "avx512":
