@@ -29,7 +29,6 @@ from tcdsl.core import dtypes as T
 from tcdsl.core.affine import Sym, Var
 from tcdsl.core.checked import Statement, reads
 from tcdsl.core.instance import fully_written
-from tcdsl.polyhedral.cputarget import CpuTarget
 from tcdsl.polyhedral.loopir import (
     LAccum,
     LCall,

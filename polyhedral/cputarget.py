@@ -18,7 +18,6 @@ import numpy as np
 
 from tcdsl.core.errors import TcArgumentError
 
-
 LINE, L1_WAYS = 64, 8  # bytes of a cache line; ways of an L1 data cache set
 
 

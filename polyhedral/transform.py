@@ -463,7 +463,8 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
         subs_list.append(tuple(Sym.var(x, "index") for x in tc.lhs))
         for acc in tc.accesses:
             if acc.kind == "read":
-                stride = max(stride, _bytes_moved(scop, acc.tensor, [_move(x, st.indices, direction) for x in acc.subs]))
+                moved = [_move(x, st.indices, direction) for x in acc.subs]
+                stride = max(stride, _bytes_moved(scop, acc.tensor, moved))
         for subs in subs_list:
             moves = [_move(sub, st.indices, direction) for sub in subs]
             if all(m == 0 for m in moves):
