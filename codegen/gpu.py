@@ -16,14 +16,13 @@ from typing import Any
 
 from tcdsl.core.affine import Sym
 from tcdsl.core.builtins import BUILTINS
-from tcdsl.core.checked import Read, reads
+from tcdsl.core.checked import Read
 from tcdsl.polyhedral.gpu import BLOCK_IDS, THREAD_IDS, GpuKernel, GpuProgram
-from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LInt, LNode, LSync, expr_vars, trip_bound, walk
+from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LHold, LInt, LNode, LSync
 from tcdsl.polyhedral.scop import Scop
 
 from . import mathlib, regtile
 from .c import CTYPE, ErrorSite, _Emitter
-from .lower import accumulation
 from .writer import unparen as _top
 
 DIALECTS = ("cuda", "opencl")
@@ -158,8 +157,8 @@ class GpuSource:
         return self.text
 
 
-def emit(program: GpuProgram, scop: Scop, dialect: str, private_memory: bool = True, unroll: int = 0,
-         unroll_copies: bool = False) -> GpuSource:
+def emit(program: GpuProgram, scop: Scop, dialect: str, unroll: int = 0, unroll_copies: bool = False) -> GpuSource:
+    """``dialect``'s text of ``program`` after codegen.gpulower's passes."""
     if dialect not in DIALECTS:
         raise ValueError(dialect)
     strides = {}
@@ -169,7 +168,7 @@ def emit(program: GpuProgram, scop: Scop, dialect: str, private_memory: bool = T
             st.append(acc)
             acc *= max(n, 1)
         strides[name] = tuple(reversed(st))
-    e = _GpuEmitter(scop, strides, dialect, private_memory, unroll, unroll_copies)
+    e = _GpuEmitter(scop, strides, dialect, unroll, unroll_copies)
     return e.program(program)
 
 
@@ -177,12 +176,11 @@ class _GpuEmitter(_Emitter):
     ITYPE = "int"
     VECTOR_TILES = False
 
-    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], dialect: str, private_memory: bool,
-                 unroll: int, unroll_copies: bool) -> None:
+    def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], dialect: str, unroll: int,
+                 unroll_copies: bool) -> None:
         super().__init__(scop, strides, "tc", vectorize=False, vector_math=False, unroll=unroll)
         self.dialect = dialect
         self.TARGET = dialect
-        self.private_memory = private_memory
         self.unroll_copies = unroll_copies
         self.contracted = set()
         self.rows = {}
@@ -264,6 +262,9 @@ class _GpuEmitter(_Emitter):
         if isinstance(n, LCopy):
             self._copy(n)
             return
+        if isinstance(n, LHold):
+            self._hold(n)
+            return
         if isinstance(n, LFor) and id(n) in self.slots:
             self._slot_loop(n, lambda: self._body(n.body))
             return
@@ -278,8 +279,6 @@ class _GpuEmitter(_Emitter):
             held = self.held.get(id(n))
             if held is not None:
                 self._held_loop(n, *held)
-                return
-            if self.private_memory and (self._hold_across(n) or self._reduce_nest(n)):
                 return
             trips = regtile.trip_bound(n)
             if self.unroll and self.dialect == "cuda" and trips is not None and trips <= self.unroll:
@@ -308,44 +307,25 @@ class _GpuEmitter(_Emitter):
         return (f"{init} + {s} * tc_pmod({tid} - floord({init}, {s}), {n.count})" if s != 1 else
                 f"{init} + tc_pmod({tid} - ({init}), {n.count})")
 
-    def _hold_across(self, n: LFor) -> bool:
-        """Private memory across a loop that every thread runs (the k tiles of a matmul): when its
-        body holds one thread region whose loops do not depend on it, around a reduction loop of
-        one statement into an element those loops fix, each thread keeps its elements in a
-        register array, loaded before the loop and written back once after it."""
-        found = _region_of(n.body)
-        if found is None:
-            return False
-        chain, red, call = found
+    def _hold(self, h: LHold) -> None:
+        """codegen.gpulower's hold: each thread's elements of the target in a register array of
+        ``h.slots``, loaded before ``h.loop`` and written back once after it."""
+        n, chain, red, call = h.loop, h.chain, h.red, h.call
         st = self.scop.stmt(call.stmt)
         s = self.scop.tc_statement(st.name)
-        if st.kind != "update" or s.op == "=" or any(r.tensor == s.tensor for r in reads(s.rhs)):
-            return False
-        if sum(isinstance(x, LCall) for x in walk(n.body)) != 1:
-            return False
         args = dict(zip(st.indices, call.args))
-        if any({n.var, red.var} & expr_vars(args[i]) for i in s.lhs):
-            return False
-        slots = []
-        for f in chain:
-            trips = trip_bound(f)
-            if trips is None or n.var in expr_vars(f.init) | expr_vars(f.cond):
-                return False
-            slots.append(-(-trips // f.count))
-        if math.prod(slots) > 64:
-            return False
         w = self.w
         t = self.tensors[s.tensor]
         outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
         target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
-        for k, (f, count) in enumerate(zip(chain, slots)):
+        for k, (f, count) in enumerate(zip(chain, h.slots)):
             self.slots[id(f)] = (f"r{k}", count)
         acc = "acc" + "".join(f"[r{k}]" for k in range(len(chain)))
         w.line(f"{{  // statement {s.number}: each thread keeps its elements of {s.tensor} in registers across "
                f"{n.var}")
         with w.indent():
-            w.line(f"{CTYPE[t.dtype]} acc{''.join(f'[{k}]' for k in slots)};")
-            self._chain_loops(chain, f"{acc} = {target};")
+            w.line(f"{CTYPE[t.dtype]} acc{''.join(f'[{k}]' for k in h.slots)};")
+            self._chain_loops(list(chain), f"{acc} = {target};")
             self.held[id(red)] = (call, acc)
             w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
                    f"{n.var} += {n.step}) {{")
@@ -353,22 +333,10 @@ class _GpuEmitter(_Emitter):
                 self._body(n.body)
             w.line("}")
             del self.held[id(red)]
-            self._chain_loops(chain, f"{target} = {acc};")
+            self._chain_loops(list(chain), f"{target} = {acc};")
         w.line("}")
         for f in chain:
             del self.slots[id(f)]
-        return True
-
-    def _reduce_nest(self, n: LFor) -> bool:
-        """Private memory within a thread: a nest of loops around one reduction into an element
-        the nest does not move (a conv's channel and window loops) accumulates in a register,
-        loaded before the nest and written back once after it (the CPU's accumulation,
-        codegen.lower.accumulation, over a nest)."""
-        a = accumulation(n, self.scop, nest=True)
-        if a is None:
-            return False
-        self._accumulate(a)
-        return True
 
     def _slot_loop(self, f: LFor, body: Callable[[], None]) -> None:
         """Thread loop ``f`` as a loop over this thread's slots (a constant count, unrolled, so
@@ -460,30 +428,6 @@ class _GpuEmitter(_Emitter):
         buf, offs, sizes, pitch = p
         texts = [checked[d] if checked is not None else self._sym(sub, env) for d, sub in enumerate(subs)]
         return f"{buf}[{self._shared_index(sizes, pitch, [f'({t} - {o})' for t, o in zip(texts, offs)])}]"
-
-
-def _region_of(body: tuple[LNode, ...]) -> tuple[list[LFor], LFor, LCall] | None:
-    """The one thread region in ``body`` (through copies and barriers): its thread loops, and
-    the reduction loop of one call they hold."""
-    regions = []
-    for x in body:
-        if isinstance(x, LCopy):
-            inner = _region_of(x.body)
-            if inner is None:
-                return None
-            regions.append(inner)
-        elif isinstance(x, LFor) and x.mapped == "thread":
-            chain = [x]
-            while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LFor) and chain[-1].body[0].mapped:
-                chain.append(chain[-1].body[0])
-            last = chain[-1].body
-            if not (len(last) == 1 and isinstance(last[0], LFor) and not last[0].mapped
-                    and len(last[0].body) == 1 and isinstance(last[0].body[0], LCall)):
-                return None
-            regions.append((chain, last[0], last[0].body[0]))
-        elif not isinstance(x, LSync):
-            return None
-    return regions[0] if len(regions) == 1 else None
 
 
 def launch_text(src: GpuSource) -> str:

@@ -170,6 +170,20 @@ class LAccum(LNode):
 
 
 @dataclass(frozen=True)
+class LHold(LNode):
+    """GPU: across ``loop``, which every thread runs (a matmul's k tiles), each thread keeps its
+    elements of the target of ``call`` in a register array, loaded before the loop and written back
+    once after it: ``slots[i]`` iterations of thread loop ``chain[i]`` (in ``loop``'s body) per
+    thread, updated by ``red``, the reduction loop of ``call`` inside the chain."""
+
+    loop: LFor
+    chain: tuple[LFor, ...]
+    red: LFor
+    call: LCall
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LPack(LNode):
     """CPU: before ``body``, copy what a register tile's vector read of ``tensor`` (read number
     ``read`` of statement ``stmt``) takes across ``panel`` (a loop of ``body`` moving along the row;
@@ -210,7 +224,7 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
             yield from walk((n.loop,))
         elif isinstance(n, LTranspose):
             yield from walk((n.outer,))
-        elif isinstance(n, LAccum):
+        elif isinstance(n, (LAccum, LHold)):
             yield from walk((n.loop,))
         elif isinstance(n, LIf):
             yield from walk(n.then)
@@ -354,6 +368,11 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         if n.vector_text:
             how.append(f"vector {n.vector_text}")
         out.append(f"{pad}// {'; '.join(how)}")
+        _print(n.loop, depth, out)
+    elif isinstance(n, LHold):
+        per = "x".join(map(str, n.slots))
+        out.append(f"{pad}// hold {n.call.stmt} in registers across {n.loop.var}: {per} per thread "
+                   f"(thread loops {', '.join(f.var for f in n.chain)}), updated by {n.red.var}")
         _print(n.loop, depth, out)
     elif isinstance(n, LAccum):
         over = ", ".join(f.var for f in n.loops)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .codegen import c as cgen
 from .codegen import gpu as gpu_cgen
+from .codegen import gpulower as gpu_passes
 from .codegen import lower as cpu_passes
 from .codegen import toolchain
 from .codegen.facts import Facts
@@ -210,7 +211,8 @@ class GpuLowered:
     deps: Deps
     tree: isl.Schedule = field(compare=False)  # the scheduler's tree
     final: isl.Schedule = field(compare=False)  # tiled and marked for the mapping
-    program: GpuProgram
+    program: GpuProgram  # as mapped
+    passes: tuple[tuple[str, GpuProgram], ...]  # after each of codegen.gpulower's passes
     source: GpuSource
 
 
@@ -229,13 +231,14 @@ def _lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: Gp
     deps = dependences(scop)
     tree = schedule.compute(scop, deps, options)
     final, program = gpu.map_program(tree, scop, deps, options, target, name=f"tc_{inst.checked.name}")
-    source = gpu_cgen.emit(program, scop, dialect, options.private_memory, options.unroll,
-                           options.unroll_copy_shared)
-    low = GpuLowered(scop, deps, tree, final, program, source)
+    passes = gpu_passes.run(program, scop, options.private_memory)
+    source = gpu_cgen.emit(passes[-1][1], scop, dialect, options.unroll, options.unroll_copy_shared)
+    low = GpuLowered(scop, deps, tree, final, program, passes, source)
     d = knobs.dump_dir()
     if d is not None:
         d.mkdir(parents=True, exist_ok=True)
         name = inst.checked.name
         (d / f"{name}.gpu.txt").write_text(f"{final.get_root()}\n\n{program}\n")
+        (d / f"{name}.gpu-passes.txt").write_text(gpu_passes.trace(passes, program))
         (d / f"{name}.{'cu' if dialect == 'cuda' else 'cl'}").write_text(source.text)
     return low

@@ -1,7 +1,8 @@
 """Golden files: each lowering stage's printed output for a few defs on fixed CPU targets (AVX-512
 and AVX2 presets, so that the files do not depend on this machine's caches): the schedule after
 the CPU transformations, the loop IR, the loop IR after each lowering pass (codegen.lower), and
-the C text. A change in any stage shows as a diff of
+the C text; for the GPU (sm_90), the mapped program after each of codegen.gpulower's passes and the
+CUDA text. A change in any stage shows as a diff of
 these files; ``pytest tests/test_golden.py --accept-golden`` rewrites them after a deliberate
 change (review the diff before committing). The numbers the C computes are checked elsewhere
 (test_vectile, test_cputarget, test_c_backend). The C text also declares libmvec's vector math where
@@ -19,6 +20,7 @@ import pytest
 
 import tcdsl as tc
 from tcdsl.codegen import toolchain
+from tcdsl.codegen.gpulower import trace as gpu_trace
 from tcdsl.codegen.lower import trace
 from tcdsl.polyhedral.cputarget import preset
 from tcdsl.polyhedral.treeprint import tree_text
@@ -58,6 +60,27 @@ def test_golden(name: str, target: str, request: pytest.FixtureRequest) -> None:
         path = GOLDEN / f"{name}.{target}.{stage}.txt"
         if accept:
             path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+            continue
+        assert path.exists(), f"no golden file {path.name}: run pytest {__file__} --accept-golden"
+        assert text == path.read_text(), f"{path.name} changed: review, then rerun with --accept-golden"
+
+
+GPU_DEFS = {  # the GPU mapping for sm_90: the program after each of codegen.gpulower's passes, and its CUDA
+    "matmul": ("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }", [(100, 70), (70, 90)]),
+    "conv2d": (DEFS["conv2d"][0], DEFS["conv2d"][1]),
+}
+
+
+@pytest.mark.parametrize("name", GPU_DEFS)
+def test_golden_gpu(name: str, request: pytest.FixtureRequest) -> None:
+    src, shapes = GPU_DEFS[name]
+    low = tc.define(src).lowered_gpu(*[np.zeros(s, np.float32) for s in shapes], backend="cuda")
+    stages = {"passes": gpu_trace(low.passes, low.program), "cu": low.source.text}
+    accept = request.config.getoption("--accept-golden")
+    for stage, text in stages.items():
+        path = GOLDEN / f"{name}.gpu.{stage}.txt"
+        if accept:
             path.write_text(text)
             continue
         assert path.exists(), f"no golden file {path.name}: run pytest {__file__} --accept-golden"

@@ -184,6 +184,28 @@ def test_matmul_odd_sizes_and_small_grids(shape: tuple[int, int, int], opts: Map
 # ---- 4. the mapping's structure ---------------------------------------------------------------------
 
 
+def test_register_decisions_are_passes_that_print(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """codegen.gpulower decides what lives in registers, before the printer: matmul's k tiles hold
+    each thread's elements of C (an LHold), a thread's conv window accumulates in a local (an
+    LAccum); without private memory both passes leave the mapped program as it is. The trace of
+    the passes goes to TCDSL_DUMP_DIR with the CUDA."""
+    from tcdsl.polyhedral.loopir import LAccum, LHold
+
+    monkeypatch.setenv("TCDSL_DUMP_DIR", str(tmp_path))
+    A, B = f32(100, 70), f32(70, 90)
+    low = tc.define(MATMUL).lowered_gpu(A, B, backend="cuda")
+    assert [name for name, _ in low.passes] == ["hold", "accumulate"]
+    (hold,) = [n for k in low.passes[0][1].kernels for n in walk(k.body) if isinstance(n, LHold)]
+    assert hold.slots == (4, 1) and hold.loop.var in low.source.text
+    assert "hold S1 in registers across" in (tmp_path / "matmul.gpu-passes.txt").read_text()
+    plain = tc.define(MATMUL).lowered_gpu(A, B, backend="cuda", options=MappingOptions(private_memory=False))
+    assert all(str(p) == str(plain.program) for _, p in plain.passes)
+    conv = "def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) { O(n,f,h,w) +=! I(n,r_c,h+r_kh,w+r_kw) * W1(f,r_c,r_kh,r_kw) }"
+    low = tc.define(conv).lowered_gpu(f32(2, 4, 10, 10), f32(3, 4, 3, 3), backend="opencl")
+    (acc,) = [n for k in low.passes[-1][1].kernels for n in walk(k.body) if isinstance(n, LAccum)]
+    assert len(acc.loops) == 3 and "accumulate O over" in low.source.text
+
+
 def test_matmul_mapping_blocks_threads_shared_and_private():
     A, B = f32(100, 70), f32(70, 90)
     low = tc.define(MATMUL).lowered_gpu(A, B, backend="opencl")
