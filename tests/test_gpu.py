@@ -200,7 +200,8 @@ def test_register_decisions_are_passes_that_print(tmp_path: Path, monkeypatch: p
     assert "hold S1 in registers across" in (tmp_path / "matmul.gpu-passes.txt").read_text()
     plain = tc.define(MATMUL).lowered_gpu(A, B, backend="cuda", options=MappingOptions(private_memory=False))
     assert all(str(p) == str(plain.program) for _, p in plain.passes)
-    conv = "def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) { O(n,f,h,w) +=! I(n,r_c,h+r_kh,w+r_kw) * W1(f,r_c,r_kh,r_kw) }"
+    conv = ("def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) "
+            "{ O(n,f,h,w) +=! I(n,r_c,h+r_kh,w+r_kw) * W1(f,r_c,r_kh,r_kw) }")
     low = tc.define(conv).lowered_gpu(f32(2, 4, 10, 10), f32(3, 4, 3, 3), backend="opencl")
     (acc,) = [n for k in low.passes[-1][1].kernels for n in walk(k.body) if isinstance(n, LAccum)]
     assert len(acc.loops) == 3 and "accumulate O over" in low.source.text
