@@ -105,6 +105,12 @@ def test_rows_share_packed_panels_in_equal_tiles() -> None:
     assert rows(avx2, 1024, 1024) == 132 and rows(avx2, 2048, 1024) == 6 * -(-2048 // 96)
     assert rows(avx2, 1024, 1088) == 48 and rows(avx512, 1024, 1024) == 48
     assert rows(avx2, 300, 1024) == 48  # too few rows to share: as unpacked
+    # the same from the def: the stride comes from B's shape
+    mm = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }")
+    for n, step, packed in ((1024, 132, True), (1088, 48, False)):
+        low = mm.lowered(np.zeros((1024, 1024), np.float32), np.zeros((1024, n), np.float32),
+                         target=cputarget.preset("avx2"))
+        assert f"c0 += {step})" in low.source.text and ("packed panels of B" in low.source.text) == packed
 
 
 @pytest.mark.cpu
