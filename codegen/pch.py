@@ -14,7 +14,8 @@ costs time, never a wrong kernel; a compile that fails with one is retried witho
 The header and its ``.gch`` live in the private cache directory (``pch/``), named by a hash of the
 compiler's version and command, the flags and the header's text; a build writes a temporary and
 renames it into place, then records the ``.gch``'s size and sha256 beside it, and a ``.gch`` is used
-only while its bytes match that record (as the cached libraries: codegen.diskcache).
+only while its bytes match that record (as the cached libraries: codegen.diskcache). One process
+builds at a time: the builder holds a claim file, which others leave alone until CLAIM_S old.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +39,7 @@ HEADERS = {  # the system headers a kernel of each architecture may include (cod
 }
 OTHER = ("math.h", "stdbool.h", "stdint.h", "stdlib.h", "string.h")
 Runner = Callable[[list[str], float], tuple[int, str, str]]  # toolchain.run_tool
+CLAIM_S = 300.0  # a claim to build a precompiled header this old is a dead builder's
 _lock = threading.Lock()
 _building: dict[str, threading.Thread] = {}  # header path -> the thread building its .gch
 _verified: set[tuple[str, int, int, int]] = set()  # (.gch, inode, size, mtime) whose record matched
@@ -68,13 +71,36 @@ def include(cc: list[str], flags: list[str], version: str, arch: str, run: Runne
         return ["-include", str(header)]
     with _lock:
         t = _building.get(str(header))
-        if t is not None and t.is_alive():
+        if t is not None and t.is_alive() or not _claim(header):
             return []
         t = threading.Thread(target=_build, args=(cc, flags, header, text, run), daemon=True,
                              name="tcdsl-pch")
         _building[str(header)] = t
     t.start()
     return []
+
+
+def _claim(header: Path) -> bool:
+    """Whether this process may build ``header``'s ``.gch``: it created the claim file, or the
+    claim there is older than CLAIM_S (its builder died); another process's live claim means its
+    build is under way (the tuner's workers start together)."""
+    claim = header.with_name(f".tcdsl-claim-{header.name}")
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                if time.time() - claim.stat().st_mtime < CLAIM_S:
+                    return False
+                claim.unlink()
+            except OSError:
+                return False
+            continue
+        except OSError:
+            return False
+        os.close(fd)
+        return True
+    return False
 
 
 def _build(cc: list[str], flags: list[str], header: Path, text: str, run: Runner) -> None:
@@ -102,6 +128,10 @@ def _build(cc: list[str], flags: list[str], header: Path, text: str, run: Runner
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+        try:
+            header.with_name(f".tcdsl-claim-{header.name}").unlink()
+        except OSError:
+            pass
 
 
 def _trusted(header: Path, key: str, text: str) -> bool:

@@ -124,3 +124,32 @@ def test_only_gcc() -> None:
     assert pch.is_gcc("gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.")
     assert not pch.is_gcc("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu")
     assert not pch.is_gcc("")
+
+
+@needs_gcc
+def test_one_build_at_a_time_across_processes(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's fresh claim (the tuner's workers compile at once) means its build is under
+    way: this one compiles without the header and builds none; a claim older than CLAIM_S is a
+    dead builder's and is taken over."""
+    import os
+    import time
+
+    pch.wait()
+    before = pch.BUILDS
+    _mm(40)  # creates the directory, claims and builds
+    pch.wait()
+    (gch,) = (fresh_cache / "pch").glob("tc_sys-*.h.gch")
+    header = Path(str(gch)[: -len(".gch")])
+    claim = header.with_name(f".tcdsl-claim-{header.name}")
+    assert not claim.exists() and pch.BUILDS == before + 1
+    gch.unlink()
+    claim.write_text("another process")
+    seen = _spy(monkeypatch)
+    _mm(41)
+    pch.wait()
+    assert pch.BUILDS == before + 1 and not gch.exists() and not any("-include" in c for c in seen)
+    old = time.time() - pch.CLAIM_S - 10
+    os.utime(claim, (old, old))
+    _mm(42)
+    pch.wait()
+    assert pch.BUILDS == before + 2 and gch.exists() and not claim.exists()
