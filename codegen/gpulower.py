@@ -24,8 +24,6 @@ from tcdsl.polyhedral.loopir import (
     LCopy,
     LFor,
     LHold,
-    LIf,
-    LMark,
     LNode,
     LSync,
     expr_vars,
@@ -34,10 +32,9 @@ from tcdsl.polyhedral.loopir import (
 )
 from tcdsl.polyhedral.scop import Scop
 
-from .lower import accumulation
+from .lower import accumulation, rewrite
 
 GpuPass = Callable[[GpuProgram, Scop], GpuProgram]
-Visit = Callable[[LNode], "LNode | None"]
 MAX_SLOTS = 64  # register-array elements a hold may give each thread
 
 
@@ -61,24 +58,8 @@ def trace(steps: tuple[tuple[str, GpuProgram], ...], start: GpuProgram) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _kernels(program: GpuProgram, visit: Visit) -> GpuProgram:
-    return replace(program, kernels=tuple(replace(k, body=_rewrite(k.body, visit)) for k in program.kernels))
-
-
-def _rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
-    """``body`` with the nodes ``visit`` replaces, and the bodies of the others rewritten."""
-    out: list[LNode] = []
-    for n in body:
-        r = visit(n)
-        if r is not None:
-            out.append(r)
-        elif isinstance(n, (LFor, LCopy, LMark)):
-            out.append(replace(n, body=_rewrite(n.body, visit)))
-        elif isinstance(n, LIf):
-            out.append(replace(n, then=_rewrite(n.then, visit), other=_rewrite(n.other, visit)))
-        else:
-            out.append(n)
-    return tuple(out)
+def _kernels(program: GpuProgram, visit: Callable[[LNode], LNode | None]) -> GpuProgram:
+    return replace(program, kernels=tuple(replace(k, body=rewrite(k.body, visit)) for k in program.kernels))
 
 
 # ---- hold ----

@@ -32,10 +32,12 @@ from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.loopir import (
     LAccum,
     LCall,
+    LCopy,
     LDecl,
     LFor,
     LIf,
     LInt,
+    LMark,
     LNode,
     LoopIR,
     LPack,
@@ -81,7 +83,7 @@ def trace(steps: tuple[tuple[str, LoopIR], ...], start: LoopIR | None = None) ->
     return "\n".join(parts) + "\n"
 
 
-def _rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
+def rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
     """``body`` with each node ``visit`` replaces (a node, or several) replaced, and the bodies of
     the loops and ifs it leaves (returns None for) rewritten the same way."""
     out: list[LNode] = []
@@ -90,11 +92,11 @@ def _rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
         if r is not None:
             out.extend(r if isinstance(r, tuple) else (r,))
         elif isinstance(n, LFor):
-            out.append(replace(n, body=_rewrite(n.body, visit)))
+            out.append(replace(n, body=rewrite(n.body, visit)))
         elif isinstance(n, LIf):
-            out.append(replace(n, then=_rewrite(n.then, visit), other=_rewrite(n.other, visit)))
-        elif isinstance(n, LPack):
-            out.append(replace(n, body=_rewrite(n.body, visit)))
+            out.append(replace(n, then=rewrite(n.then, visit), other=rewrite(n.other, visit)))
+        elif isinstance(n, (LPack, LCopy, LMark)):  # (shared copies and marks: the GPU's, codegen.gpulower)
+            out.append(replace(n, body=rewrite(n.body, visit)))
         else:
             out.append(n)
     return tuple(out)
@@ -145,7 +147,7 @@ def blocked_transposes(ir: LoopIR, f: Facts) -> LoopIR:
     if not f.vectorize:
         return ir
     in_memory = f.in_memory
-    return replace(ir, body=_rewrite(ir.body, lambda n: transpose.match(n, f.scop, f.c, f.strides, in_memory)
+    return replace(ir, body=rewrite(ir.body, lambda n: transpose.match(n, f.scop, f.c, f.strides, in_memory)
                                      if isinstance(n, LFor) else None))
 
 
@@ -167,7 +169,7 @@ def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
         s = f.scop.tc_statement(rt.call.stmt)
         return replace(rt, identity=s.number in identity or (s.init and regtile.whole_reduction(rt, f.scop, s)))
 
-    body = _rewrite(ir.body, visit)
+    body = rewrite(ir.body, visit)
     kept = tuple(n for n in body if not _initialised_by_tiles(n, identity))
     return replace(ir, body=kept)
 
@@ -181,7 +183,7 @@ def _initialised_by_tiles(n: LNode, identity: set[int]) -> bool:
 # ---- accumulate ----
 def accumulate(ir: LoopIR, f: Facts) -> LoopIR:
     """An innermost reduction loop into one element keeps the element in a local."""
-    return replace(ir, body=_rewrite(ir.body, lambda n: accumulation(n, f.scop) if isinstance(n, LFor) else None))
+    return replace(ir, body=rewrite(ir.body, lambda n: accumulation(n, f.scop) if isinstance(n, LFor) else None))
 
 
 def accumulation(n: LFor, scop: Scop, nest: bool = False) -> LAccum | None:
@@ -215,7 +217,7 @@ def hoist_reads(ir: LoopIR, f: Facts) -> LoopIR:
         hoist = _hoistable(n, f, count)
         return replace(n, hoist=hoist) if hoist else None
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 def _hoistable(n: LFor, f: Facts, count: list[int]) -> tuple[tuple[str, int, int], ...]:
@@ -292,7 +294,7 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
             return replace(n, vector=vl, vector_text=str(vl)) if vl is not None else None
         return None
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 def _interleaved(rt: LTile, f: Facts) -> LFor | None:
@@ -353,9 +355,9 @@ def pack_panels(ir: LoopIR, f: Facts) -> LoopIR:
         pack = wraps.get(id(n))
         if pack is None or not isinstance(n, LFor):
             return None
-        return replace(pack, body=(replace(n, body=_rewrite(n.body, visit)),))
+        return replace(pack, body=(replace(n, body=rewrite(n.body, visit)),))
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 PACK_MAX_BYTES = 256 << 10  # a packed block lives on the thread's stack
@@ -438,7 +440,7 @@ def split_tiles(ir: LoopIR, f: Facts) -> LoopIR:
             return n
         return replace(n, split=loop.init.value + trips // lanes * lanes)
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 # ---- unroll ----
@@ -452,9 +454,9 @@ def unroll(ir: LoopIR, f: Facts) -> LoopIR:
         trips = regtile.trip_bound(n)
         if trips is None or trips > f.unroll:
             return None
-        return replace(n, unroll=trips, body=_rewrite(n.body, visit))
+        return replace(n, unroll=trips, body=rewrite(n.body, visit))
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 # ---- parallel ----
@@ -466,9 +468,9 @@ def collapse(ir: LoopIR, f: Facts) -> LoopIR:
     def visit(n: LNode) -> LNode | None:
         if not (isinstance(n, LFor) and n.omp and _collapsible(n)):
             return None
-        return replace(n, collapse=True, body=_rewrite(n.body, visit))
+        return replace(n, collapse=True, body=rewrite(n.body, visit))
 
-    return replace(ir, body=_rewrite(ir.body, visit))
+    return replace(ir, body=rewrite(ir.body, visit))
 
 
 def _collapsible(n: LFor) -> bool:

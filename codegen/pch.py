@@ -73,7 +73,7 @@ def include(cc: list[str], flags: list[str], version: str, arch: str, run: Runne
         t = _building.get(str(header))
         if t is not None and t.is_alive() or not _claim(header):
             return []
-        t = threading.Thread(target=_build, args=(cc, flags, header, text, run), daemon=True,
+        t = threading.Thread(target=_build, args=(cc, flags, header, h, text, run), daemon=True,
                              name="tcdsl-pch")
         _building[str(header)] = t
     t.start()
@@ -103,7 +103,7 @@ def _claim(header: Path) -> bool:
     return False
 
 
-def _build(cc: list[str], flags: list[str], header: Path, text: str, run: Runner) -> None:
+def _build(cc: list[str], flags: list[str], header: Path, key: str, text: str, run: Runner) -> None:
     """Write ``header`` and compile it to ``header.gch`` through a temporary; any failure leaves
     no ``.gch`` (kernels then compile without one)."""
     global BUILDS
@@ -119,7 +119,6 @@ def _build(cc: list[str], flags: list[str], header: Path, text: str, run: Runner
                 data = f.read()
             gch = Path(f"{header}.gch")
             os.replace(tmp, gch)
-            key = header.name.removeprefix("tc_sys-").removesuffix(".h")
             diskcache.write_record(gch, diskcache.Record(key, "pch", len(data), hashlib.sha256(data).hexdigest()))
             with _lock:
                 BUILDS += 1

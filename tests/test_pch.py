@@ -4,6 +4,8 @@ the same library bytes; a broken precompiled header or TCDSL_PCH=0 still compile
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,9 +133,6 @@ def test_one_build_at_a_time_across_processes(fresh_cache: Path, monkeypatch: py
     """Another process's fresh claim (the tuner's workers compile at once) means its build is under
     way: this one compiles without the header and builds none; a claim older than CLAIM_S is a
     dead builder's and is taken over."""
-    import os
-    import time
-
     pch.wait()
     before = pch.BUILDS
     _mm(40)  # creates the directory, claims and builds
