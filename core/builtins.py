@@ -264,7 +264,9 @@ _TABLE: tuple[Builtin, ...] = (
     _b("exp2", 1, np.exp2), _b("log2", 1, np.log2), _b("log10", 1, np.log10), _b("asin", 1, np.arcsin),
     _b("acos", 1, np.arccos), _b("atan", 1, np.arctan), _b("sinh", 1, np.sinh), _b("cosh", 1, np.cosh),
     _b("asinh", 1, np.arcsinh), _b("acosh", 1, np.arccosh), _b("atanh", 1, np.arctanh),
-    _b("pow", 2, np.power), _b("fmax", 2, np.fmax), _b("fmin", 2, np.fmin), _b("atan2", 2, np.arctan2),
+    _b("pow", 2, np.power), _b("atan2", 2, np.arctan2),
+    # C takes these from tcdsl.codegen.mathlib too: inline, so that loops of them vectorise
+    _lib("fmax", 2, np.fmax, opencl="fmax{f}({0}, {1})"), _lib("fmin", 2, np.fmin, opencl="fmin{f}({0}, {1})"),
     _b("fmod", 2, np.fmod),
     _b("min", 2, np.minimum, "tc_min({0}, {1})", kind="same", c_int="tc_min({0}, {1})"),
     _b("max", 2, np.maximum, "tc_max({0}, {1})", kind="same", c_int="tc_max({0}, {1})"),
