@@ -200,6 +200,11 @@ DEVFN T tc_y1@(T x) {
 DEVFN T tc_fmax@(T a, T b) { return (a > b || b != b) ? a : b; }"""),
     CFunction("tc_fmin", (), r"""
 DEVFN T tc_fmin@(T a, T b) { return (a < b || b != b) ? a : b; }"""),
+    CFunction("tc_round", (), r"""
+/* round and fdim as libm's, inline for the same reason; x - trunc(x) is exact */
+DEVFN T tc_round@(T x) { T t = trunc@(x); return fabs@(x - t) >= 0.5 ? t + copysign@(1.0, x) : t; }"""),
+    CFunction("tc_fdim", (), r"""
+DEVFN T tc_fdim@(T a, T b) { return a > b ? a - b : (a != a || b != b) ? a + b : 0.0; }"""),
     CFunction("tc_rcbrt", (), r"""
 DEVFN T tc_rcbrt@(T x) { return 1.0 / cbrt@(x); }"""),
     CFunction("tc_rhypot", ("tc_norm",), r"""

@@ -258,14 +258,14 @@ _TABLE: tuple[Builtin, ...] = (
     _b("sigmoid", 1, lambda x: 1 / (1 + np.exp(-x)), "({one} / ({one} + exp{f}(-{0})))"),
     _b("erf", 1, _f64(sp.erf)),
     _b("floor", 1, np.floor, derivative="flat"), _b("ceil", 1, np.ceil, derivative="flat"),
-    _b("round", 1, _round, derivative="flat"), _b("trunc", 1, np.trunc, derivative="flat"),
+    _lib("round", 1, _round, opencl="round{f}({0})", derivative="flat"), _b("trunc", 1, np.trunc, derivative="flat"),
     _b("sin", 1, np.sin), _b("cos", 1, np.cos), _b("tan", 1, np.tan), _b("fabs", 1, np.abs),
     _b("abs", 1, np.abs, "fabs{f}({0})", kind="same", c_int="tc_abs({0})"),
     _b("exp2", 1, np.exp2), _b("log2", 1, np.log2), _b("log10", 1, np.log10), _b("asin", 1, np.arcsin),
     _b("acos", 1, np.arccos), _b("atan", 1, np.arctan), _b("sinh", 1, np.sinh), _b("cosh", 1, np.cosh),
     _b("asinh", 1, np.arcsinh), _b("acosh", 1, np.arccosh), _b("atanh", 1, np.arctanh),
     _b("pow", 2, np.power), _b("atan2", 2, np.arctan2),
-    # C takes these from tcdsl.codegen.mathlib too: inline, so that loops of them vectorise
+    # C takes fmax, fmin, round and fdim from tcdsl.codegen.mathlib too: inline, so that loops of them vectorise
     _lib("fmax", 2, np.fmax, opencl="fmax{f}({0}, {1})"), _lib("fmin", 2, np.fmin, opencl="fmin{f}({0}, {1})"),
     _b("fmod", 2, np.fmod),
     _b("min", 2, np.minimum, "tc_min({0}, {1})", kind="same", c_int="tc_min({0}, {1})"),
@@ -276,7 +276,8 @@ _TABLE: tuple[Builtin, ...] = (
     _b("lgamma", 1, _f64(_lgamma)), _b("tgamma", 1, _f64(sp.gamma)),
     _b("logb", 1, _f64(_logb), derivative="flat"),
     _b("nextafter", 2, np.nextafter, half="tc_nextafter_half{f}({0}, {1})"),
-    _b("remainder", 2, _f64(_remainder)), _b("copysign", 2, np.copysign), _b("fdim", 2, _f64(_fdim)),
+    _b("remainder", 2, _f64(_remainder)), _b("copysign", 2, np.copysign),
+    _lib("fdim", 2, _f64(_fdim), opencl="fdim{f}({0}, {1})"),
     # libm has these; OpenCL C takes them from tcdsl.codegen.mathlib
     _b("j0", 1, _f64(_bessel_jy(sp.j0, 0, False)), opencl="tc_j0{f}({0})"),
     _b("j1", 1, _f64(_bessel_jy(sp.j1, 1, False)), opencl="tc_j1{f}({0})"),

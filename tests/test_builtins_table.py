@@ -332,24 +332,32 @@ def test_float16_computes_in_float_and_rounds(backend: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", list(TYPES))
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_fmax_fmin_give_numpy_bits(backend: str, dtype: str) -> None:
-    """fmax/fmin on every pair of special values give numpy's bits: the number where one side is
-    NaN, the second operand on a tie (so -0.0 against +0.0 picks the second). In C they are the
-    library's inline functions, not libm calls, so the loops around them vectorise."""
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+def test_inline_library_gives_the_interpreters_bits(backend: str, dtype: str) -> None:
+    """fmax, fmin, fdim and round on every pair of special values and halfway cases give the
+    interpreter's bits: for fmax/fmin the number where one side is NaN and the second operand on a
+    tie (numpy's and glibc's: -0.0 against +0.0 picks the second), round halfway cases away from zero.
+    In C they are the library's inline functions, not libm calls, so the loops around them vectorise."""
     if backend == "c" and not has_c_compiler():
         pytest.skip("no C compiler")
-    k = tc.define(f"def mm({dtype}(N) A, {dtype}(N) B) -> (X, Y) {{\n"
-                  "  X(i) = fmax(A(i), B(i))\n  Y(i) = fmin(A(i), B(i))\n}")
-    v = np.array([np.nan, -0.0, 0.0, 1.0, -1.0, -np.inf, np.inf, 2.5, np.finfo(dtype).tiny], dtype=dtype)
+    k = tc.define(f"def lib({dtype}(N) A, {dtype}(N) B) -> (X, Y, D, R) {{\n"
+                  "  X(i) = fmax(A(i), B(i))\n  Y(i) = fmin(A(i), B(i))\n"
+                  "  D(i) = fdim(A(i), B(i))\n  R(i) = round(A(i))\n}")
+    big = np.float32(2**23) if dtype == "float32" else np.float64(2**52)
+    v = np.array([np.nan, -0.0, 0.0, 1.0, -1.0, -np.inf, np.inf, 2.5, -2.5, 0.5, -0.5, 1.5,
+                  np.nextafter(np.array(0.5, dtype), 0), big + 1, -big - 1, np.finfo(dtype).tiny], dtype=dtype)
     a, b = np.repeat(v, len(v)), np.tile(v, len(v))
-    x, y = k(a, b, backend=backend)
+    got, want = k(a, b, backend=backend), k(a, b, backend="numpy")
     u = np.uint32 if dtype == "float32" else np.uint64
-    assert np.array_equal(x.view(u), np.fmax(a, b).view(u))
-    assert np.array_equal(y.view(u), np.fmin(a, b).view(u))
+    assert np.array_equal(want[0].view(u), np.fmax(a, b).view(u))
+    assert np.array_equal(want[1].view(u), np.fmin(a, b).view(u))
+    for name, g, w in zip("XYDR", got, want):
+        same = (g.view(u) == w.view(u)) | (np.isnan(g) & np.isnan(w))  # NaN payloads may differ
+        assert same.all(), (name, a[~same], b[~same], g[~same], w[~same])
     if backend == "c":
         code = "\n".join(line.split("//")[0] for line in k.source(a, b).splitlines())  # not the def quoted
-        assert re.search(r"tc_fmax\w*\(", code) and not re.search(r"(?<![\w@])f(max|min)f?\(", code)
+        assert all(f"tc_{f}" in code for f in ("fmax", "fmin", "fdim", "round"))
+        assert not re.search(r"(?<![\w@])(fmax|fmin|fdim|round)f?\(", code)
 
 
 def test_the_table_is_complete_and_consistent() -> None:
