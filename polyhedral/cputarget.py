@@ -47,14 +47,16 @@ class CpuTarget:
 
     def panel_conflicts(self, stride: int, rows: int) -> bool:
         """Whether ``rows`` lines ``stride`` bytes apart (a register tile's operand panel read from
-        the caller's memory) overfill the L1 sets they fall into, on a target whose vectors are at
-        most half a line (codegen.lower packs such panels). Measured on Zen 4, 2 threads: AVX2
-        matmul 1024^3 (4 KiB rows, one set) 101 -> 143 GFLOP/s packed; 960x1000x1088 (16 sets of 8
-        rows) 181 -> 171; AVX-512 (whole-line vectors), 1024^3 200 -> 187, so it is left alone."""
+        the caller's memory) take more than half the ways of the L1 sets they fall into (the rest
+        hold the other operand and the output), on a target whose vectors are at most half a line
+        (codegen.lower packs such panels). Measured on Zen 4, AVX2: matmul 1024^3 (4 KiB rows, one
+        set) 101 -> 143 GFLOP/s packed on 2 threads; 960x1000x1088 (68 lines apart: 16 sets of 8
+        rows, all their ways) 1 thread 26-33 -> 21 ms; AVX-512 (whole-line vectors) 1024^3 200 ->
+        187 on 2 threads, 960x1000x1088 20.5 ms either way on one, so it is left alone."""
         if self.vector_bytes > LINE // 2 or stride <= 0 or stride % LINE:
             return False
         sets = max(1, self.l1d // (LINE * L1_WAYS))
-        return rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
+        return 2 * rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
 
     @property
     def half_vectors(self) -> bool:

@@ -90,12 +90,13 @@ def test_register_tiles_fit_the_target(isa: str) -> None:
 def test_rows_share_packed_panels_in_equal_tiles() -> None:
     """Where the reduction walks an operand's rows 4 KiB apart (matmul 1024^3: one L1 set), AVX2
     packs its panels, and the row cache tiles grow to share each copy, in eight tiles of nearly
-    equal size (1024 rows: 132 each, not 144 and a last one of 16); rows 4352 bytes apart (1088
-    columns) spread over the sets, unpacked, in 48-row tiles; AVX-512 vectors, whole lines, never
-    pack."""
+    equal size (1024 rows: 132 each, not 144 and a last one of 16); so do rows 4352 bytes apart
+    (1088 columns: 16 sets, all their ways); rows 4160 bytes apart (1040 columns) spread over all
+    the sets, unpacked, in 48-row tiles; AVX-512 vectors, whole lines, never pack."""
     avx512 = cputarget.from_features({"-mavx512f"}, "x86_64")
     avx2 = cputarget.named("avx2", avx512)
-    assert avx2.panel_conflicts(4096, 128) and not avx2.panel_conflicts(4352, 128)
+    assert avx2.panel_conflicts(4096, 128) and avx2.panel_conflicts(4352, 128)
+    assert not avx2.panel_conflicts(4160, 128) and not avx2.panel_conflicts(4352, 16)
     assert not avx512.panel_conflicts(4096, 128)
 
     def rows(t: cputarget.CpuTarget, m: int, n: int) -> int:
@@ -103,11 +104,11 @@ def test_rows_share_packed_panels_in_equal_tiles() -> None:
         return plan(infos, [True, True, False], MappingOptions(), t, 4).tile[0]
 
     assert rows(avx2, 1024, 1024) == 132 and rows(avx2, 2048, 1024) == 6 * -(-2048 // 96)
-    assert rows(avx2, 1024, 1088) == 48 and rows(avx512, 1024, 1024) == 48
+    assert rows(avx2, 1024, 1088) == 132 and rows(avx2, 1024, 1040) == 48 and rows(avx512, 1024, 1024) == 48
     assert rows(avx2, 300, 1024) == 48  # too few rows to share: as unpacked
     # the same from the def: the stride comes from B's shape
     mm = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }")
-    for n, step, packed in ((1024, 132, True), (1088, 48, False)):
+    for n, step, packed in ((1024, 132, True), (1088, 132, True), (1040, 48, False)):
         low = mm.lowered(np.zeros((1024, 1024), np.float32), np.zeros((1024, n), np.float32),
                          target=cputarget.preset("avx2"))
         assert f"c0 += {step})" in low.source.text and ("packed panels of B" in low.source.text) == packed
