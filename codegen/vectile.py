@@ -369,19 +369,30 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
             updates.append(f"{acc[key]} = {vtype(key)}_fma({vx(s.rhs.lhs)}, {vx(s.rhs.rhs)}, {acc[key]});")
         else:
             updates.append(f"{acc[key]} = {acc[key]} + {vx(s.rhs)};")
-    # the vector loads first, kept in registers; each broadcast just before its first use, so
-    # that a tile using all but a few registers (AVX2's 12 of 16) holds one broadcast at a time
-    kept = [name for text, name in loads.items() if "_load(" in text or "_gather(" in text]
+    # the smaller set of operands first, kept in registers, and the other just before its first
+    # use, so that a tile using all but a few registers (AVX2's 12 of 16) holds one of those at a
+    # time: matmul's 6x16 tile keeps its 2 row vectors and takes the 6 broadcasts in turn, a conv
+    # tile of 2 channels x 6 rows keeps the 2 broadcasts and takes the 6 row vectors in turn
+    # (accumulators are independent: their order changes no result)
+    vectors = [name for text, name in loads.items() if "_load(" in text or "_gather(" in text]
+    first = vectors
+    if len(loads) - len(vectors) < len(vectors):
+        first = [name for name in loads.values() if name not in vectors]
+        rank = {name: i for i, name in enumerate(vectors)}
+        updates.sort(key=lambda line: min((rank[n] for n in re.findall(r"\bv\d+\b", line) if n in rank), default=0))
     for text, name in loads.items():
-        if name in kept:
+        if name in first:
             w.line(f"{hv if text.startswith(hv + '_') else v} {name} = {text};")
-    for name in kept:
+    for name in first:
         w.line(f"tc_keep({name});")
-    pending = {name: text for text, name in loads.items() if name not in kept}
+    pending = {name: text for text, name in loads.items() if name not in first}
     for line in updates:
-        for name in re.findall(r"\bb\d+\b", line):
+        for name in re.findall(r"\b[bv]\d+\b", line):
             if name in pending:
-                w.line(f"{v} {name} = {pending.pop(name)};")
+                text = pending.pop(name)
+                w.line(f"{hv if text.startswith(hv + '_') else v} {name} = {text};")
+                if name in vectors:
+                    w.line(f"tc_keep({name});")
         w.line(line)
     for _ in rt.serial:
         w.pop()
