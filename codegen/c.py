@@ -616,6 +616,11 @@ class _Emitter(Facts):
             floating = T.is_float(t.dtype)
             if minmax and floating:
                 w.line("int nan = acc != acc;")
+            if a.vector is not None:
+                self.vector_code = True
+                w.line("#if TC_VEC")
+                vecloop.emit_accum(self, a.vector)
+                w.line("#else")
             if simd:
                 extra = " reduction(|:nan)" if minmax and floating else ""
                 w.line(f"#pragma omp simd reduction({s.op}:acc){extra}")
@@ -627,6 +632,8 @@ class _Emitter(Facts):
             for _ in a.loops:
                 w.pop()
                 w.line("}")
+            if a.vector is not None:
+                w.line("#endif")
             w.line(f"{target} = {'nan ? NAN : acc' if minmax and floating else 'acc'};")
         w.line("}")
 

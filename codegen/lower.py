@@ -286,7 +286,9 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
                            vector_text=str(vt) if vt is not None else "")
         if isinstance(n, LAccum):
             dtype = f.tensors[f.scop.tc_statement(n.call.stmt).tensor].dtype
-            return replace(n, simd=dtype not in ("float16", "bool"))
+            a = replace(n, simd=dtype not in ("float16", "bool"))
+            va = vecloop.plan_accum(f, a)
+            return replace(a, vector=va, vector_text=str(va)) if va is not None else a
         if isinstance(n, LFor) and n.simd:
             f.hoisted = hoisted_reads(n, f)
             vl = vecloop.plan(f, n)

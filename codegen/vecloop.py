@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tcdsl.core.affine import Sym
-from tcdsl.core.checked import Statement, reads
-from tcdsl.polyhedral.loopir import LCall, LFor, LInt, expr_vars, trip_count
+from tcdsl.core.checked import Binop, Statement, reads
+from tcdsl.polyhedral.loopir import LAccum, LCall, LFor, LInt, expr_vars, trip_count
 
 from .facts import Facts
 from .vecisa import vector_type
-from .vectile import VECTOR_DTYPES, elem_step, plus_var, unparen, vector_expr, vexpr
+from .vectile import REDUCTIONS, VECTOR_DTYPES, elem_step, plus_var, unparen, vector_expr, vexpr
 
 if TYPE_CHECKING:
     from .c import _Emitter
@@ -117,3 +117,101 @@ def _body(em: _Emitter, vl: VectorLoop) -> None:
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             em.w.line(f"{vector_type(s.rhs.dtype)}_store(&{target}, {vexpr(em, s.rhs, env, s, row)});")
         em.w.line("}")
+
+
+ACCUM_PARTS = 4  # vector accumulators of a row reduction: a sum's adds overlap (4-cycle latency, 2 pipes)
+
+
+@dataclass(frozen=True)
+class VectorAccum:
+    """A row reduction (codegen.lower.accumulation, one loop) in explicit vectors: ``parts``
+    accumulators of ``lanes`` lanes take the vectors in turn and are combined at the end, lane by
+    lane into the local, and the last ``trips % lanes`` elements follow one by one. With one
+    `omp simd` accumulator each add waits for the one before (a sum of a 1024-row: 64 dependent
+    adds); the order of the sum is unspecified either way, and max/min give the same value."""
+    accum: LAccum
+    stmt: Statement
+    row: str
+    trips: int
+    lanes: int
+    parts: int
+
+    def __str__(self) -> str:
+        rest = self.trips % self.lanes
+        return f"{self.parts} x {self.lanes} lanes" + (f" + {rest} one by one" if rest else "")
+
+
+def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
+    """The vector form of accumulation ``a``, or None where it has none."""
+    n = a.loop
+    if not (em.VECTOR_TILES and em.vectorize and a.simd and len(a.loops) == 1 and n.step == 1
+            and isinstance(n.init, LInt)):
+        return None
+    trips = trip_count(n)
+    st = em.scop.stmt(a.call.stmt)
+    s = em.scop.tc_statement(a.call.stmt)
+    dtype = em.tensors[s.tensor].dtype
+    if trips is None or st.kind != "update" or s.op not in REDUCTIONS or dtype not in VECTOR_DTYPES:
+        return None
+    lanes = em.target.lanes(dtype)
+    args = dict(zip(st.indices, a.call.args))
+    along = [name for name, arg in args.items() if n.var in expr_vars(arg)]
+    if lanes < 2 or trips < lanes or len(along) != 1 or not plus_var(args[along[0]], n.var):
+        return None
+    if not vector_expr(em, s.rhs, s, along[0], loop=True):
+        return None
+    return VectorAccum(a, s, along[0], trips, lanes, max(1, min(ACCUM_PARTS, trips // lanes)))
+
+
+def emit_accum(em: _Emitter, va: VectorAccum) -> None:
+    """The accumulation into the local ``acc`` (declared and stored by the caller)."""
+    w, n, s = em.w, va.accum.loop, va.stmt
+    assert isinstance(n.init, LInt)
+    v = vector_type(s.rhs.dtype)
+    lo, end, lanes, step = n.init.value, n.init.value + va.trips, va.lanes, va.parts * va.lanes
+    identity = {"+": "_zero()", "*": "_set1(1)", "max": "_set1(-INFINITY)", "min": "_set1(INFINITY)"}[s.op]
+
+    def vop(a: str, b: str) -> str:
+        return f"{v}_{s.op}({a}, {b})" if s.op in ("max", "min") else f"{a} {s.op} {b}"
+
+    def update(q: str, off: int) -> None:
+        st = em.scop.stmt(va.accum.call.stmt)
+        w.line("{")
+        with w.indent():
+            env: dict[str, str] = {}
+            for k, (name, arg) in enumerate(zip(st.indices, va.accum.call.args)):
+                shift = f" + {off}" if off and name == va.row else ""
+                w.line(f"const long x{k} = {unparen(em._lexpr(arg))}{shift};")
+                env[name] = f"x{k}"
+            rhs = s.rhs
+            if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
+                a, b = vexpr(em, rhs.lhs, env, s, va.row), vexpr(em, rhs.rhs, env, s, va.row)
+                w.line(f"{q} = {v}_fma({a}, {b}, {q});")
+            else:
+                w.line(f"{q} = {vop(q, vexpr(em, rhs, env, s, va.row))};")
+        w.line("}")
+
+    w.line(f"{v} " + ", ".join(f"q{j} = {v}{identity}" for j in range(va.parts)) + ";")
+    w.line(f"long {n.var} = {lo};")
+    w.line(f"for (; {n.var} + {step} <= {end}; {n.var} += {step}) {{")
+    with w.indent():
+        for j in range(va.parts):
+            update(f"q{j}", j * lanes)
+    w.line("}")
+    if va.trips % step >= lanes:
+        w.line(f"for (; {n.var} + {lanes} <= {end}; {n.var} += {lanes}) {{")
+        with w.indent():
+            update("q0", 0)
+        w.line("}")
+    width = 1
+    while width < va.parts:
+        for j in range(0, va.parts - width, 2 * width):
+            w.line(f"q{j} = {vop(f'q{j}', f'q{j + width}')};")
+        width *= 2
+    scalar = f"tc_{s.op}(acc, q0[l])" if s.op in ("max", "min") else f"acc {s.op} q0[l]"
+    w.line(f"for (int l = 0; l < {lanes}; l++) acc = {scalar};")
+    if va.trips % lanes:
+        w.line(f"for (; {n.var} < {end}; {n.var} += 1) {{")
+        with w.indent():
+            em._statement_body(va.accum.call, "acc")
+        w.line("}")

@@ -163,6 +163,8 @@ class LAccum(LNode):
     loops: tuple[LFor, ...]  # a perfect nest, outermost first, around ``call``
     call: LCall
     simd: bool = False  # one loop, as an `omp simd` reduction
+    vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
+    vector_text: str = ""  # how, for the printed form
 
     @property
     def loop(self) -> LFor:
@@ -376,7 +378,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         _print(n.loop, depth, out)
     elif isinstance(n, LAccum):
         over = ", ".join(f.var for f in n.loops)
-        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{' (simd)' if n.simd else ''}")
+        how = "; ".join(["simd"] * n.simd + [f"vector {n.vector_text}"] * bool(n.vector_text))
+        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{f' ({how})' if how else ''}")
         _print(n.loop, depth, out)
     elif isinstance(n, LCopy):
         box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))

@@ -18,7 +18,7 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
-from tcdsl.codegen import toolchain, vecisa
+from tcdsl.codegen import lower, toolchain, vecisa
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
 
@@ -186,8 +186,9 @@ SCALE = """def scale(float(N,D) X, float(N) M, float(N) S) -> (Y) {
 
 @pytest.mark.parametrize("D", [1024, 1000])
 def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D: int) -> None:
-    """softmax's exp and division loops in explicit vectors (exp inlined): the bits of the
-    auto-vectorised loops (-DTC_VEC=0), close to numpy, with rows of whole vectors or not."""
+    """softmax's exp and division loops in explicit vectors (exp inlined): the auto-vectorised
+    loops' values (-DTC_VEC=0; the bits where the row sum is not in vector accumulators, whose
+    order of addition differs), close to numpy, with rows of whole vectors or not."""
     X = (np.random.default_rng(2).random((16, D), dtype=np.float32) - 0.5) * 20
     k = tc.define(SOFTMAX)
     src = k.source(X)
@@ -197,7 +198,11 @@ def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D:
     else:  # exp fused with the sum (not a simd loop); the division's rows end in an overlapping vector
         assert "overlapping the vector before" in src, src
     got = k(X)
-    np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC=0", SOFTMAX, [X]), got)
+    scalar = _built_with(monkeypatch, tmp_path, "-DTC_VEC=0", SOFTMAX, [X])
+    if any("accumulate S3" in line and "vector" in line for line in lower.trace(k.lowered(X).passes).splitlines()):
+        assert_close(got, scalar, terms=D, scale=scalar)  # the sum's D roundings, in another order
+    else:
+        np.testing.assert_array_equal(scalar, got)
     e = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
     want = e / e.sum(1, keepdims=True)
     # all terms positive: within D roundings of the sum and ~20 of exp's argument, relative to each element
@@ -220,6 +225,43 @@ def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
     # a handful of roundings, relative to |X| + |M| where X - M cancels (all inputs are positive)
     assert_close(k(X, M, S), want, terms=4, scale=((X + M[:, None]) * 0.5 / S[:, None]) * X)
+
+
+ROWS = """def rows(float(N,D) X, float(N,D) Y) -> (S, P, MX, MN, Q) {
+    S(n) +=! X(n,r_d)
+    P(n) *=! Y(n,r_d)
+    MX(n) max=! X(n,r_d)
+    MN(n) min=! X(n,r_d)
+    Q(n) +=! X(n,r_d) * Y(n,r_d)
+}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("D", [1024, 203])
+def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputarget.CpuTarget) -> None:
+    """Row reductions (+, *, max, min and a sum of products) take explicit vector accumulators,
+    as the vectorise pass prints: sums close to numpy within D roundings of their |terms|, max and
+    min exact, with rows of whole vectors or not (203: the last elements one by one); a NaN in
+    the vector part or in the last elements reaches the row's sum, max and min."""
+    rng = np.random.default_rng(7)
+    X = (rng.random((6, D)) - 0.5).astype(dtype)
+    Y = (1 + (rng.random((6, D)) - 0.5) * 0.01).astype(dtype)
+    X[2, 5] = X[4, D - 1] = np.nan
+    k = tc.define(ROWS.replace("float(", f"{dtype}("))
+    lanes = target.lanes(dtype)
+    parts = min(4, D // lanes)
+    rest = f" + {D % lanes} one by one" if D % lanes else ""
+    text = lower.trace(k.lowered(X, Y).passes)
+    assert text.count(f"(simd; vector {parts} x {lanes} lanes{rest})") == 5, text
+    S, P, MX, MN, Q = k(X, Y)
+    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        assert_close(S, X64.sum(1), terms=D, scale=np.abs(X64).sum(1), dtype=dtype)
+        assert_close(Q, (X64 * Y64).sum(1), terms=D, scale=np.abs(X64 * Y64).sum(1), dtype=dtype)
+        assert_close(P, Y64.prod(1), terms=D, scale=Y64.prod(1), dtype=dtype)
+    np.testing.assert_array_equal(MX, X.max(1))  # numpy's max and min propagate NaN too
+    np.testing.assert_array_equal(MN, X.min(1))
+    assert np.isnan(S[[2, 4]]).all() and np.isnan(Q[[2, 4]]).all() and not np.isnan(S[[0, 1, 3, 5]]).any()
 
 
 COLUMN = "def col(float(M,N) X) -> (O) {{ O(j) {op}=! X(i, j) }}"
