@@ -378,8 +378,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         _print(n.loop, depth, out)
     elif isinstance(n, LAccum):
         over = ", ".join(f.var for f in n.loops)
-        tags = "; ".join(["simd"] * n.simd + [f"vector {n.vector_text}"] * bool(n.vector_text))
-        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{f' ({tags})' if tags else ''}")
+        local = "; ".join(["simd"] * n.simd + [f"vector {n.vector_text}"] * bool(n.vector_text))
+        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{f' ({local})' if local else ''}")
         _print(n.loop, depth, out)
     elif isinstance(n, LCopy):
         box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))
