@@ -76,6 +76,11 @@ class MappingOptions:
     def with_(self, **changes: Any) -> MappingOptions:
         return replace(self, **changes)
 
+    def changes(self) -> list[str]:
+        """``"name: default -> value"`` for each option that differs from the defaults."""
+        base, mine = asdict(MappingOptions()), asdict(self)
+        return [f"{k}: {base[k]!r} -> {mine[k]!r}" for k in sorted(mine) if mine[k] != base[k]]
+
     def key(self) -> str:
         return self.to_json()
 

@@ -54,7 +54,11 @@ def _run(src: SourceFile, start: str) -> Any:
     try:
         tree = _lark().parse(src.text, start=start)
     except UnexpectedInput as e:
-        raise _translate(src, e) from None
+        error: TcSyntaxError | None = _translate(src, e)
+    else:
+        error = None
+    if error is not None:  # raised outside the handler: no __context__ holding lark's parser state, which
+        raise error        # does not pickle (picklers that keep the chain, as tblib's under dask, would fail)
     try:
         return _Build(src).build(tree)
     except TcSyntaxError as e:

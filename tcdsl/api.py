@@ -12,7 +12,9 @@ import inspect
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +42,29 @@ from .tuner import tune
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
 _UNSEEN = object()
+
+
+def _tuned_text(created: float, time_s: float, evaluations: int) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(created))
+    return f"tuned on {when}: {time_s * 1e3:.4g} ms measured, {evaluations} candidates evaluated"
+
+
+@dataclass(frozen=True)
+class OptionsChoice:
+    """The mapping options a call with some arguments uses, and where they come from: ``origin``
+    is "explicit" (``options=``), "kernel" (``kernel.options`` set), "tuned" (the tuning cache) or
+    "defaults"; ``detail`` says it in a line (for a tuned entry: when, and the time measured)."""
+
+    options: MappingOptions
+    origin: str
+    detail: str
+
+    def header(self) -> str:
+        """The line the views print first: where the options come from, and what differs from the defaults."""
+        changed = self.options.changes()
+        if changed:
+            return f"options: {self.detail}; differs from the defaults in {', '.join(changed)}"
+        return f"options: {self.detail}" + ("; the search kept the defaults" if self.origin == "tuned" else "")
 
 
 def default_backend() -> str:
@@ -105,7 +130,7 @@ class Kernel:
         self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
         self._gpu: dict[tuple, Any] = {}  # GPU programs per (sizes, backend, options)
-        self._tuned: dict[tuple, MappingOptions | None] = {}  # per argument layout: options from the tuning cache
+        self._tuned: dict[tuple, tuple[MappingOptions, str] | None] = {}  # per argument layout: tuned options, and when
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
         self._lock = threading.Lock()
         self._deep = deepstack.is_deep(checked.source, checked.stmts)
@@ -151,9 +176,10 @@ class Kernel:
 
     @_stack_safe
     def compiled(self, *args: Any, options: MappingOptions | None = None) -> CKernel:
-        """The compiled C kernel for these arguments (built on first use, then cached)."""
+        """The compiled C kernel for these arguments (built on first use, then cached), with the
+        options a call would use (see ``options_for``)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        return self._compiled_for(self._instance(arrays), arrays, options or self.options)
+        return self._compiled_for(self._instance(arrays), arrays, self._choice(arrays, "c", options).options)
 
     @functools.cached_property
     def _layout(self) -> CheckedDef | None:
@@ -187,24 +213,57 @@ class Kernel:
                 self.compile_count += 1
         return ck
 
+    def _own_options(self) -> bool:
+        return self.options is not self._plain_options and self.options != MappingOptions()
+
     def _tuned_for(self, arrays: list[np.ndarray], backend: str = "c") -> MappingOptions | None:
         """Options a past search stored for these arguments and backend, when the kernel has none
-        of its own (looked up once per argument layout; a kernel with explicit options ignores the
-        cache)."""
-        if self.options is not self._plain_options and self.options != MappingOptions():
+        of its own (a kernel with explicit options ignores the cache)."""
+        if self._own_options():
             return None
+        found = self._tuned_entry(arrays, backend)
+        return found[0] if found is not None else None
+
+    def _tuned_entry(self, arrays: list[np.ndarray], backend: str) -> tuple[MappingOptions, str] | None:
+        """(options, how they were found) from the tuning cache, looked up once per argument layout."""
         key = (tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)
         found = self._tuned.get(key, _UNSEEN)
         if found is _UNSEEN:
             found = None
             if knobs.tuning_db().exists():
                 try:
-                    found = tune.tuned_options(self, arrays, backend=backend)
+                    entry = tune.tuned_entry(self, arrays, backend=backend)
                 except TcError:
-                    found = None  # an unreadable cache never stops a call: the defaults run
+                    entry = None  # an unreadable cache never stops a call: the defaults run
+                if entry is not None:
+                    found = (MappingOptions.from_json(entry.options), _tuned_text(entry.created, entry.time_s,
+                                                                                 entry.evaluations))
             with self._lock:
                 self._tuned[key] = found
         return found  # type: ignore[return-value]
+
+    def _choice(self, arrays: list[np.ndarray], backend: str, options: MappingOptions | None) -> OptionsChoice:
+        """The options a call with these arguments on ``backend`` uses, and where they come from."""
+        if options is not None:
+            return OptionsChoice(options, "explicit", "passed explicitly (options=)")
+        if self._own_options():
+            return OptionsChoice(self.options, "kernel", "the kernel's own (kernel.options)")
+        found = self._tuned_entry(arrays, backend)
+        if found is not None:
+            return OptionsChoice(found[0], "tuned", found[1])
+        return OptionsChoice(self.options, "defaults", "defaults (no tuning cache entry for these arguments)")
+
+    @_stack_safe
+    def options_for(self, *args: Any, backend: str = "c") -> MappingOptions:
+        """The mapping options a call with these arguments on ``backend`` uses: the kernel's own
+        (``kernel.options``) if set, else the tuning cache's for these shapes, dtypes and strides,
+        else the defaults. ``explain``, ``source`` and ``schedule`` show them and say which."""
+        return self._choice(self._view_arrays(args, backend), _check_backend(backend), None).options
+
+    def _view_arrays(self, args: Sequence[Any], backend: str) -> list[np.ndarray]:
+        if backend in ("cuda", "opencl"):
+            return _coerce_any_inputs(self.checked, args)
+        return [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
 
     @_stack_safe
     def autotune(self, *args: Any, backend: str = "c", **settings: Any) -> Any:
@@ -214,7 +273,8 @@ class Kernel:
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
         result = tune.autotune(self, arrays, backend=_check_backend(backend), **settings)
         with self._lock:
-            self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = result.options
+            self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = (
+                result.options, _tuned_text(time.time(), result.time_s, result.evaluations))
         return result
 
     @_stack_safe
@@ -224,7 +284,9 @@ class Kernel:
         lower for (a ``CpuTarget``, or a preset's name such as ``"avx2"`` for a cross-build; by
         default the one kernels compile for here)."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        opts = options or self.options
+        return self._lowered(arrays, self._choice(arrays, "c", options).options, target)
+
+    def _lowered(self, arrays: list[np.ndarray], opts: MappingOptions, target: CpuTarget | str | None) -> Lowered:
         inst = self._for_c(self._instance(arrays), opts)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         return lower(inst, opts, strides_of(inst, inputs), preset(target) if isinstance(target, str) else target)
@@ -239,14 +301,17 @@ class Kernel:
     def source(self, *args: Any, backend: str = "c", options: MappingOptions | None = None,
                target: CpuTarget | str | None = None) -> str:
         """The generated code for these arguments' shapes, dtypes and strides: C (for ``target``,
-        see ``lowered``), or CUDA / OpenCL (printed on any machine; nothing is compiled)."""
-        if backend in ("cuda", "opencl"):
-            src = self.lowered_gpu(*args, backend=backend, options=options).source
-            return f"{launch_text(src)}\n{src.text}"
-        if backend != "c":
+        see ``lowered``), or CUDA / OpenCL (printed on any machine; nothing is compiled), with the
+        options a call would use, named in a first comment line (see ``options_for``)."""
+        if backend not in ("c", "cuda", "opencl"):
             raise TcArgumentError(f"source() covers the c, cuda and opencl backends; backend {backend!r} has no "
                                   "generated code")
-        return self.lowered(*args, options=options, target=target).source.text
+        arrays = self._view_arrays(args, backend)
+        choice = self._choice(arrays, backend, options)
+        if backend in ("cuda", "opencl"):
+            src = lower_gpu(self._instance(arrays), choice.options, backend, SM90).source
+            return f"/* {choice.header()} */\n{launch_text(src)}\n{src.text}"
+        return f"/* {choice.header()} */\n{self._lowered(arrays, choice.options, target).source.text}"
 
     @_stack_safe
     def lowered_gpu(self, *args: Any, backend: str = "cuda", options: MappingOptions | None = None,
@@ -254,7 +319,8 @@ class Kernel:
         """Every GPU compiler stage for these arguments (no GPU or compiler needed); ``target``: the
         device limits to map for (a ``polyhedral.gpu.GpuTarget``; sm_90 by default)."""
         arrays = _coerce_any_inputs(self.checked, args)
-        return lower_gpu(self._instance(arrays), options or self.options, backend, target or SM90)
+        return lower_gpu(self._instance(arrays), self._choice(arrays, backend, options).options, backend,
+                         target or SM90)
 
     def _gpu_for(self, inst: Instance, backend: str, options: MappingOptions) -> Any:
         key = (tuple(sorted(inst.sizes.items())), backend, options)
@@ -271,14 +337,20 @@ class Kernel:
 
     @_stack_safe
     def schedule(self, *args: Any, options: MappingOptions | None = None) -> str:
-        """The schedule tree (after the CPU transformations) as text."""
-        return tree_text(self.lowered(*args, options=options).final)
+        """The schedule tree (after the CPU transformations) as text, after a line naming the
+        options a call would use (see ``options_for``)."""
+        arrays = self._view_arrays(args, "c")
+        choice = self._choice(arrays, "c", options)
+        return f"# {choice.header()}\n{tree_text(self._lowered(arrays, choice.options, None).final)}"
 
     @_stack_safe
     def explain(self, *args: Any, options: MappingOptions | None = None) -> str:
-        """Why each loop is or is not parallel, and which statements were fused."""
-        opts = (options or self.options).resolved(self.checked)
-        return explain_lowered(self.lowered(*args, options=opts), opts)
+        """Why each loop is or is not parallel, and which statements were fused, with the options a
+        call would use (see ``options_for``) and where they come from."""
+        arrays = self._view_arrays(args, "c")
+        choice = self._choice(arrays, "c", options)
+        opts = choice.options.resolved(self.checked)
+        return f"{choice.header()}\n{explain_lowered(self._lowered(arrays, opts, None), opts)}"
 
     @_user_facing
     @_stack_safe
@@ -431,6 +503,10 @@ class GenericKernel:
 
     def explain(self, *args: Any, **kw: Any) -> str:
         return self.kernel(*args).explain(*args, **kw)
+
+    def options_for(self, *args: Any, backend: str = "c") -> MappingOptions:
+        """The options a call with these arguments uses (see ``Kernel.options_for``)."""
+        return self.kernel(*args).options_for(*args, backend=backend)
 
     def autotune(self, *args: Any, **settings: Any) -> Any:
         return self.kernel(*args).autotune(*args, **settings)

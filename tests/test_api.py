@@ -5,6 +5,8 @@ numbers against hand-written numpy or exact message fragments and locations."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -675,6 +677,19 @@ def test_errors_pickle(mm: tc.Kernel, mmx: tc.Kernel) -> None:
         assert e2.message == e.message
         assert e2.location == e.location
     assert str(errors[-1]) == "no location"
+
+
+def test_syntax_errors_pickle_with_their_chain() -> None:
+    """Picklers that keep an exception's cause and context (tblib's, which dask installs) pickle
+    a syntax error too: it carries no chain from the parser (whose state holds modules)."""
+    pytest.importorskip("tblib")
+    code = ("import pickle, tblib.pickling_support, tcdsl as tc\n"
+            "tblib.pickling_support.install(tc.TcError)\n"
+            "try:\n    tc.define('def f(float(N) X) -> (Y) { Y(i) = X(i) + }')\n"
+            "except tc.TcSyntaxError as e:\n    e2 = pickle.loads(pickle.dumps(e))\n"
+            "    print(type(e2).__name__, e2.location.col, e.__context__ is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["TcSyntaxError", "42", "True"], out.stderr
 
 
 def test_error_hierarchy() -> None:

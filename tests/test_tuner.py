@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -129,6 +130,39 @@ def test_autotune_stores_a_checked_best_that_later_calls_use(db: TuningCache):
     ax = result.plot()
     assert [list(line.get_xdata()) for line in ax.lines] == [[0, 1], [0, 1]]
     assert ax.lines[0].get_ydata()[-1] == pytest.approx(result.generations[-1].best_cost * 1e3)
+
+
+@pytest.mark.cpu
+def test_the_views_show_the_options_a_call_uses_and_where_they_come_from(db: TuningCache):
+    """After tuning, options_for, explain, source, schedule and compiled follow the tuning cache (a
+    fresh kernel of the same def too), say so with the date and the time measured, and name what
+    differs from the defaults; options= and kernel.options win over the cache, and say so."""
+    k = tc.define(MM)
+    A, B = f32((40, 24)), f32((24, 32), 1)
+    defaults = "options: defaults (no tuning cache entry for these arguments)"
+    assert k.options_for(A, B) == MappingOptions()
+    assert k.explain(A, B).startswith(defaults + "\n") and k.source(A, B).startswith(f"/* {defaults} */\n")
+    tuned = MappingOptions(tile=(8, 16, 8), unroll=4)
+    db.record(T.key_for(k, [A, B]), tuned.to_json(), 1.25e-3, evaluations=37)
+    fresh = tc.define(MM_RENAMED)
+    for kernel in (k, fresh):
+        kernel._tuned.clear()  # k looked the cache up before the entry existed (once per argument layout)
+        assert kernel.options_for(A, B) == tuned
+        heads = [kernel.explain(A, B).splitlines()[0], kernel.source(A, B).splitlines()[0],
+                 kernel.schedule(A, B).splitlines()[0]]
+        for head in heads:
+            assert re.search(r"options: tuned on \d{4}-\d\d-\d\d \d\d:\d\d UTC: 1\.25 ms measured, 37 candidates "
+                             r"evaluated; differs from the defaults in tile: None -> \(8, 16, 8\), unroll: 0 -> 4",
+                             head), head
+        text = kernel.source(A, B)
+        assert text.split("\n", 1)[1] == kernel.compiled(A, B).low.source.text  # what a call compiles
+        assert "c0 += 8" in text  # the tuned tile, not the default one
+    assert_sum_close(fresh(A, B), np.matmul, A, B, terms=24)
+    mine = MappingOptions(tile=(4, 4, 4))
+    assert fresh.options_for(A, B) == tuned and fresh.explain(A, B, options=mine).startswith(
+        "options: passed explicitly (options=); differs from the defaults in tile: None -> (4, 4, 4)")
+    fresh.options = mine
+    assert fresh.options_for(A, B) == mine and fresh.source(A, B).startswith("/* options: the kernel's own")
 
 
 @pytest.mark.cpu

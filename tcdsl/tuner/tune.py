@@ -11,7 +11,6 @@ compiles and the final rounds included (see ``Evaluator`` and ``_Budget``).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import platform
 import statistics
@@ -29,7 +28,7 @@ from tcdsl.core.options import MappingOptions
 from tcdsl.core.version import __version__
 
 from . import space as S
-from .cache import TuneKey, TuningCache
+from .cache import TuneEntry, TuneKey, TuningCache
 from .decide import Decision, decide, sequential
 from .evaluate import Evaluator, start_outputs
 from .genetic import GAConfig, Generation, GeneticSearch, SearchResult
@@ -95,8 +94,7 @@ class TuneResult:
 
 
 def _diff(options: MappingOptions) -> list[str]:
-    base, other = json.loads(MappingOptions().to_json()), json.loads(options.to_json())
-    return [f"  {k}: {base[k]!r} -> {other[k]!r}" for k in sorted(other) if other[k] != base[k]]
+    return [f"  {c}" for c in options.changes()]
 
 
 def machine() -> tuple[str, str]:
@@ -146,10 +144,17 @@ def key_for(kernel: Any, arrays: Sequence[np.ndarray], backend: str = "c") -> Tu
                    backend=backend, device=device, arch=arch, compiler=compiler, version=__version__)
 
 
+def tuned_entry(kernel: Any, arrays: Sequence[np.ndarray], cache: TuningCache | None = None,
+                backend: str = "c") -> TuneEntry | None:
+    """What a past search stored for this kernel, these arguments and backend (options, time
+    measured, date), if any."""
+    return (cache or TuningCache()).best(key_for(kernel, arrays, backend))
+
+
 def tuned_options(kernel: Any, arrays: Sequence[np.ndarray], cache: TuningCache | None = None,
                   backend: str = "c") -> MappingOptions | None:
     """The options a past search stored for this kernel, these arguments and backend, if any."""
-    entry = (cache or TuningCache()).best(key_for(kernel, arrays, backend))
+    entry = tuned_entry(kernel, arrays, cache, backend)
     return MappingOptions.from_json(entry.options) if entry is not None else None
 
 
