@@ -243,6 +243,52 @@ def read_verified(path: Path, key: str, symbol: str) -> tuple[bytes, str] | None
     return (data, digest) if hmac.compare_digest(digest, rec.sha256) else None
 
 
+def touch(path: Path) -> None:
+    """Mark ``path``'s entry used now (its record's time: what ``evict`` orders by)."""
+    try:
+        os.utime(record_path(path))
+    except OSError:
+        pass  # another process evicted it meanwhile: this one holds the verified bytes already
+
+
+def evict(d: Path, limit: int, keep: Path) -> list[str]:
+    """Remove the least recently used entries of ``d`` (each an entry file with its record and
+    whatever shares its name up to the first dot: a kernel's library and C source) until the rest
+    hold at most ``limit`` bytes; never ``keep``'s entry (the one just built). ``limit`` 0: no limit.
+    Returns the names of the entries removed. Loaded libraries are copies (codegen.toolchain), so a
+    process using a kernel another process evicts keeps running it."""
+    if limit <= 0:
+        return []
+    groups: dict[str, list[Path]] = {}
+    for f in d.iterdir():
+        if not f.name.startswith(".") and f.is_file():
+            groups.setdefault(f.name.split(".", 1)[0], []).append(f)
+    sized: list[tuple[float, str, int]] = []
+    for name, files in groups.items():
+        try:
+            stats = [f.stat() for f in files]
+        except OSError:
+            continue  # removed meanwhile
+        used = max((st.st_mtime for f, st in zip(files, stats) if f.name.endswith(RECORD_SUFFIX)),
+                   default=min(st.st_mtime for st in stats))
+        sized.append((used, name, sum(st.st_size for st in stats)))
+    total = sum(size for _, _, size in sized)
+    gone = []
+    for _, name, size in sorted(sized):
+        if total <= limit:
+            break
+        if name == keep.name.split(".", 1)[0]:
+            continue
+        for f in groups[name]:
+            try:
+                f.unlink()
+            except FileNotFoundError:
+                pass
+        total -= size
+        gone.append(name)
+    return gone
+
+
 def _read_own(path: Path, limit: int) -> bytes | None:
     """At most ``limit`` + 1 bytes of a regular file of ours that no one else can write; None otherwise."""
     try:

@@ -220,8 +220,11 @@ def built(source: str, stem: str, entry: str = "", rebuild: bool = False) -> Bui
     if not rebuild and not knobs.force_recompile():
         hit = diskcache.read_verified(lib, key, symbol)
         if hit is not None:
+            diskcache.touch(lib)
             return Built(lib, symbol, *hit)
-    return _compile(source, lib, key, entry, symbol)
+    b = _compile(source, lib, key, entry, symbol)
+    diskcache.evict(out_dir, knobs.cache_max(), keep=lib)
+    return b
 
 
 def _compile(source: str, lib: Path, key: str, entry: str, symbol: str) -> Built:

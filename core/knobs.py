@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from .errors import TcArgumentError
 
 
 def _flag(name: str) -> bool:
@@ -51,6 +54,17 @@ def tuning_db() -> Path:
     if os.environ.get("TCDSL_TUNING_DB"):
         return Path(os.environ["TCDSL_TUNING_DB"])
     return cache_dir() / "tuning.sqlite"
+
+
+def cache_max() -> int:
+    """TCDSL_CACHE_MAX: the most bytes of compiled kernels kept on disk (``2G``, ``500M``, ``800K``,
+    ``1.5GiB`` or a number of bytes; ``0``: no limit; default 2G). Past it, the least recently used
+    kernels go."""
+    text = os.environ.get("TCDSL_CACHE_MAX", "2G")
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise TcArgumentError(f"TCDSL_CACHE_MAX={text!r}: expected a size such as 2G, 500M or 1000000 (bytes)")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()])
 
 
 def compile_timeout() -> float:

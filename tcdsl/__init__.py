@@ -10,6 +10,7 @@ never import the API: they make kernels through the class of the kernel they are
 
 from typing import Any
 
+from . import tuning
 from .api import GenericKernel, Kernel, Library, define
 from .codegen.diskcache import TcCacheWarning
 from .core.errors import (
@@ -35,4 +36,4 @@ def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> 
 
 __all__ = ["define", "autotune", "MappingOptions", "Kernel", "GenericKernel", "Library", "TcError", "TcSyntaxError",
            "TcSemanticError", "TcTypeError", "TcRangeError", "TcArgumentError", "TcRuntimeError", "TcScheduleError",
-           "TcCompileError", "TcGradientError", "TcWarning", "TcCacheWarning", "__version__"]
+           "TcCompileError", "TcGradientError", "TcWarning", "TcCacheWarning", "tuning", "__version__"]

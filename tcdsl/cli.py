@@ -1,6 +1,7 @@
 """The ``tcdsl`` command line: ``check`` prints each def checked, with its ranges; ``compile`` prints
 the generated C, the schedule or the explanation; ``grad`` prints the derived backward def; ``tune``
-searches and stores mapping options.
+searches and stores mapping options; ``cache`` lists, forgets, exports and imports what searches
+stored, and shows what the caches hold on disk.
 
 Errors are printed located (file:line:col, the source line, a caret) with exit status 1.
 """
@@ -8,15 +9,16 @@ Errors are printed located (file:line:col, the source line, a caret) with exit s
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import deepstack
+from . import deepstack, tuning
 from .api import _kernels_of
-from .core import limits
+from .core import knobs, limits
 from .core.errors import TcArgumentError, TcError
 from .core.options import MappingOptions
 from .core.sema import check_def, check_def_names
@@ -113,6 +115,60 @@ def _grad(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    which, backend = args.entry, args.backend
+    if args.action == "list":
+        found = tuning.entries(which, backend=backend)
+        for e in found:
+            print(e)
+        print(f"{len(found)} entries in {knobs.tuning_db()}"
+              + (f" ({sum(not e.here for e in found)} made for other machines, not used here)"
+                 if any(not e.here for e in found) else ""))
+    elif args.action == "forget":
+        print(f"forgot {tuning.forget(which, backend=backend)} entries")
+    elif args.action == "clear":
+        print(f"forgot {tuning.clear()} entries")
+        if args.kernels:
+            print(f"removed {_remove_kernels()} compiled kernels")
+    elif args.action == "export":
+        if not args.file:
+            raise TcArgumentError("tcdsl cache export FILE.json: name the file to write")
+        print(f"exported {tuning.export(args.file, which, backend=backend)} entries to {args.file}")
+    elif args.action == "import":
+        if not args.file:
+            raise TcArgumentError("tcdsl cache import FILE.json: name the file to read")
+        print(f"{tuning.import_(args.file)} entries of {args.file} became the best for their keys")
+    else:  # du
+        for name, size, files in _disk_use():
+            print(f"{size / 2**20:10.2f} MiB  {files:6d} files  {name}")
+    return 0
+
+
+def _disk_use() -> list[tuple[str, int, int]]:
+    """(what, bytes, files) for each part of the kernel cache directory, and the tuning cache."""
+    root, db = knobs.cache_dir(), knobs.tuning_db()
+    parts: dict[str, list[int]] = {}
+    if root.is_dir():
+        for f in root.rglob("*"):
+            if f.is_file() and f != db and not f.name.startswith(db.name):
+                part = f.relative_to(root).parts[0] if len(f.relative_to(root).parts) > 1 else "."
+                parts.setdefault(str(root / part), [0, 0])
+                parts[str(root / part)][0] += f.stat().st_size
+                parts[str(root / part)][1] += 1
+    tuned = [p for p in db.parent.glob(db.name + "*") if p.is_file()] if db.parent.is_dir() else []  # -wal, -shm too
+    rows = [(name, size, n) for name, (size, n) in sorted(parts.items())]
+    return rows + [(f"{db} (tuning cache)", sum(p.stat().st_size for p in tuned), len(tuned))]
+
+
+def _remove_kernels() -> int:
+    """Delete the compiled kernels (the cache directory's ``c``), leaving the tuning cache."""
+    d = knobs.cache_dir() / "c"
+    n = sum(1 for f in d.iterdir() if f.is_file() and not f.name.endswith(".sha256")) if d.is_dir() else 0
+    if d.is_dir():
+        shutil.rmtree(d)
+    return n
+
+
 def _random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if a.dtype.kind == "f":
         return rng.standard_normal(a.shape).astype(a.dtype)
@@ -150,6 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--resume", action="store_true", help="continue an interrupted search")
     tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c")
     tune.set_defaults(run=_tune)
+    cache = sub.add_parser("cache", help="list, forget, export or import tuned options; show what the caches hold")
+    cache.add_argument("action", choices=("list", "forget", "export", "import", "clear", "du"),
+                       help="list: the stored results; forget: those of --entry and/or --backend; export FILE / "
+                            "import FILE: as JSON, for another machine; clear: every result (--kernels: the "
+                            "compiled kernels too); du: disk use of the kernel and tuning caches")
+    cache.add_argument("file", nargs="?", metavar="FILE.json", help="the file to export to or import from")
+    cache.add_argument("--entry", help="only the results of the def with this name")
+    cache.add_argument("--backend", choices=("c", "opencl", "cuda"), help="only the results for this backend")
+    cache.add_argument("--kernels", action="store_true", help="with clear: remove the compiled kernels too")
+    cache.set_defaults(run=_cache)
     args = ap.parse_args(argv)
     try:
         return int(args.run(args))
