@@ -102,7 +102,7 @@ def _tune(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed or 0)
     arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
     result = kernel.autotune(*arrays, generations=args.generations, population=args.population,
-                             budget=args.budget, seed=args.seed, resume=args.resume, backend=args.backend)
+                             budget=args.budget or None, seed=args.seed, resume=args.resume, backend=args.backend)
     print(result.explain())
     print(result.options.to_json())
     return 0
@@ -113,6 +113,9 @@ def _grad(args: argparse.Namespace) -> int:
     wrt = [w.strip() for w in args.wrt.split(",") if w.strip()] if args.wrt else None
     print(kernel.backward_source(wrt), end="")
     return 0
+
+
+TUNE_BUDGET_S = 120.0  # tcdsl tune's default budget
 
 
 def _cache(args: argparse.Namespace) -> int:
@@ -199,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("file", metavar="FILE.tc")
     tune.add_argument("--entry", help="the def to tune (default: the only one)")
     tune.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
-    tune.add_argument("--budget", type=float, help="stop after this many seconds")
+    tune.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
+                      help=f"stop after this many seconds, the final check included (default {TUNE_BUDGET_S:g}; "
+                           "0: no limit)")
     tune.add_argument("--generations", type=int, default=25)
     tune.add_argument("--population", type=int, default=100)
     tune.add_argument("--seed", type=int)

@@ -170,7 +170,7 @@ def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monk
     k = tc.define(SOFTMAX)
     X = f32((64, 128))
     calls = {"n": 0}
-    original = T._Progress.update
+    original = T._Progress.generation
 
     def interrupt_after_first(self: T._Progress, g: T.Generation) -> None:
         original(self, g)
@@ -178,7 +178,7 @@ def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monk
         if calls["n"] == 1:
             raise KeyboardInterrupt  # Ctrl-C after generation 0 was checkpointed
 
-    monkeypatch.setattr(T._Progress, "update", interrupt_after_first)
+    monkeypatch.setattr(T._Progress, "generation", interrupt_after_first)
     first = k.autotune(X, generations=3, population=5, elites=1, seed=2, progress=False, patience=None)
     assert first.stopped == "interrupted" and [g.number for g in first.generations] == [0]
     key = T.key_for(k, [X])
@@ -190,6 +190,31 @@ def test_an_interrupted_search_resumes_from_its_checkpoint(db: TuningCache, monk
     x = X.astype(np.float64)
     e = np.exp(x - x.max(1, keepdims=True))
     assert_close(k(X), e / e.sum(1, keepdims=True), terms=128, dtype=np.float32)
+
+
+@pytest.mark.cpu
+def test_ctrl_c_in_the_first_generation_keeps_what_was_measured(db: TuningCache, monkeypatch: pytest.MonkeyPatch):
+    """Ctrl-C while the first generation runs: the result holds the best candidate timed so far
+    (the defaults are timed first, so there is one), the defaults stay, and the progress counts
+    (every candidate) agree with the summary's."""
+    k = tc.define(MM)
+    A, B = f32((48, 40)), f32((40, 56), 1)
+    seen: list[T._Progress] = []
+    original = T._Progress.candidate
+
+    def interrupt_at_the_fourth(self: T._Progress, cost: float, how: str) -> None:
+        original(self, cost, how)
+        seen.append(self)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(T._Progress, "candidate", interrupt_at_the_fourth)
+    result = k.autotune(A, B, generations=3, population=12, seed=5, progress=False, patience=None)
+    assert result.stopped == "interrupted" and result.generations == []
+    assert result.candidate is not None and math.isfinite(result.default_time_s)
+    assert result.options == MappingOptions() and "interrupted" in result.decision.why
+    bar = seen[-1]
+    assert bar.invalid == result.invalid and result.evaluations >= 4 - bar.invalid
 
 
 @pytest.mark.cpu

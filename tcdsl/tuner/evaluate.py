@@ -334,6 +334,7 @@ class Evaluator:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
     cut: set[str] = field(default_factory=set)  # options JSON the deadline stopped before they were scored
     request_s: dict[str, float] = field(default_factory=dict)  # options JSON -> wall seconds of its timing request
+    on_scored: Callable[[str, float], None] | None = None  # told each candidate's score as it is known
 
     def __post_init__(self) -> None:
         if self.time_on not in ("local", "executor"):
@@ -385,8 +386,19 @@ class Evaluator:
     def __call__(self, candidates: Sequence[MappingOptions]) -> list[float]:
         texts = [o.to_json() for o in candidates]
         if self.time_on == "executor":
-            return self._time_remote(texts)
-        return [self._score(text, err) for text, err in zip(texts, self._compile_all(texts))]
+            costs = self._time_remote(texts)
+            for text, cost in zip(texts, costs):
+                self._scored(text, cost)
+            return costs
+        costs = []
+        for text, err in zip(texts, self._compile_all(texts)):
+            costs.append(self._score(text, err))
+            self._scored(text, costs[-1])
+        return costs
+
+    def _scored(self, text: str, cost: float) -> None:
+        if self.on_scored is not None:
+            self.on_scored(text, cost)
 
     def _score(self, text: str, compile_error: str | None) -> float:
         if text in self.cut:

@@ -15,7 +15,7 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -185,14 +185,14 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
                           run_timeout_s=run_timeout, compile_timeout_s=compile_timeout, runner=runner,
                           backend=backend, time_on=time_on, deadline=deadline)
     plan = _Budget(deadline, budget)
-    evaluate = _Evaluate(space, evaluator, plan)
+    bar = _Progress(config.generations, population, deadline if budget is not None else None, budget, progress)
+    evaluate = _Evaluate(space, evaluator, plan, bar.candidate)
     seeds = _seeds(space, cache, key)
-    bar = _Progress(config.generations, progress)
     search_budget = config.budget_s
 
     def on_generation(g: Generation, search: GeneticSearch) -> None:
         cache.save_checkpoint(key, search.state())
-        bar.update(g)
+        bar.generation(g)
         if search_budget is not None:  # the time held back for the final rounds is not the search's
             held = deadline - plan.search_end(evaluator)
             search.config = replace(search.config, budget_s=max(0.0, search_budget - held))
@@ -202,6 +202,12 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
         search = (GeneticSearch.from_state(space, evaluate, config, state) if state is not None
                   else GeneticSearch(space, evaluate, config, seeds))
         result = search.run(on_generation)
+        if result.stopped == "interrupted":  # the generation cut short: what it measured counts too
+            for g, cost in evaluate.scored.items():
+                result.costs.setdefault(g, cost)
+                if cost < result.best_cost:
+                    result.best, result.best_cost = g, cost
+            result.evaluations = len(result.costs)
         bar.close()  # before the final timings, which print nothing
         evaluator.deadline = deadline  # the time held back is the final rounds'
         return _finish(result, space, key, cache, evaluator, evaluate.skipped)
@@ -242,12 +248,19 @@ class _Evaluate:
 
     BATCH = 8  # candidates compiled together between deadline checks
 
-    def __init__(self, space: S.Space, evaluator: Evaluator, budget: _Budget) -> None:
+    def __init__(self, space: S.Space, evaluator: Evaluator, budget: _Budget,
+                 on_candidate: Callable[[float, str], None] = lambda _cost, _how: None) -> None:
         self.space, self.evaluator, self.budget = space, evaluator, budget
         self.skipped: set[S.Genome] = set()
+        self.scored: dict[S.Genome, float] = {}  # every candidate scored so far, as soon as it is
+        self.on_candidate = on_candidate  # (cost, "valid" | "invalid" | "skipped") per candidate
 
     def __call__(self, genomes: list[S.Genome]) -> list[float]:
         keep = [g for g in genomes if S.prune(self.space, g) is None]
+        for g in genomes:
+            if g not in keep:  # pruned (registers it would spill...): invalid, never compiled
+                self.scored[g] = math.inf
+                self.on_candidate(math.inf, "invalid")
         costs: dict[S.Genome, float] = {}
         i = 0
         while i < len(keep):
@@ -256,11 +269,19 @@ class _Evaluate:
             self.evaluator.deadline = self.budget.search_end(self.evaluator)
             if self.evaluator.out_of_time():
                 self.skipped.update(batch)
+                for _ in batch:
+                    self.on_candidate(math.inf, "skipped")
                 continue
             options = [S.to_options(self.space, g) for g in batch]
+            self.evaluator.on_scored = functools.partial(self._scored, {o.to_json(): g for g, o in zip(batch, options)})
             costs.update(zip(batch, self.evaluator(options)))
             self.skipped.update(g for g, o in zip(batch, options) if o.to_json() in self.evaluator.cut)
         return [costs.get(g, math.inf) for g in genomes]
+
+    def _scored(self, genomes: dict[str, S.Genome], text: str, cost: float) -> None:
+        self.scored[genomes[text]] = cost
+        how = "valid" if math.isfinite(cost) else "skipped" if text in self.evaluator.cut else "invalid"
+        self.on_candidate(cost, how)
 
 
 def _seeds(space: S.Space, cache: TuningCache, key: TuneKey) -> list[S.Genome]:
@@ -315,24 +336,46 @@ def _decision(candidate: MappingOptions, stopped: str, evaluator: Evaluator) -> 
 
 
 class _Progress:
-    """A tqdm bar over generations (terminal or Jupyter), silent without tqdm or when disabled."""
+    """A tqdm bar (terminal or Jupyter), silent without tqdm or when disabled, moved by every
+    candidate: over the candidates the search may evaluate, or, with a budget, over its seconds (so
+    that the ETA is the budget's). Invalid candidates are counted as the summary counts them
+    (pruned ones included); those the budget skipped are counted apart."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, generations: int, population: int, deadline: float | None, budget: float | None,
+                 enabled: bool) -> None:
         self.bar: Any = None
+        self.deadline, self.budget, self.generations = deadline, budget, generations
+        self.best, self.invalid, self.skipped, self.gen = math.inf, 0, 0, 1
+        candidates = generations * population
         if enabled:
             try:
                 from tqdm.auto import tqdm
 
-                self.bar = tqdm(total=total, desc="tuning", unit="gen")
+                if budget is not None:
+                    self.bar = tqdm(total=round(budget, 1), desc="tuning", unit="s",
+                                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{remaining} left{postfix}]")
+                else:
+                    self.bar = tqdm(total=candidates, desc="tuning", unit="cand")
             except ImportError:
                 pass
 
-    def update(self, g: Generation) -> None:
-        if self.bar is not None:
-            rate = g.evaluated / g.seconds if g.seconds > 0 else 0.0
-            best = f"{g.best_cost * 1e3:.3f} ms" if math.isfinite(g.best_cost) else "-"
-            self.bar.set_postfix(best=best, cand_per_s=f"{rate:.1f}", invalid=g.invalid)
+    def candidate(self, cost: float, how: str) -> None:
+        self.best = min(self.best, cost)
+        self.invalid += how == "invalid"
+        self.skipped += how == "skipped"
+        if self.bar is None:
+            return
+        best = f"{self.best * 1e3:.3f} ms" if math.isfinite(self.best) else "-"
+        self.bar.set_postfix(gen=f"{self.gen}/{self.generations}", best=best, invalid=self.invalid,
+                             **({"skipped": self.skipped} if self.skipped else {}), refresh=False)
+        if self.deadline is not None and self.budget is not None:  # the budget's seconds spent so far
+            self.bar.n = round(min(self.budget, max(0.0, self.budget - (self.deadline - time.monotonic()))), 1)
+            self.bar.refresh()
+        else:
             self.bar.update(1)
+
+    def generation(self, g: Generation) -> None:
+        self.gen = min(g.number + 2, self.generations)  # the one evaluated next
 
     def close(self) -> None:
         if self.bar is not None:
