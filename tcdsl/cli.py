@@ -22,6 +22,7 @@ from .core import knobs, limits
 from .core.errors import TcArgumentError, TcError
 from .core.options import MappingOptions
 from .core.sema import check_def, check_def_names
+from .core.version import __version__
 from .grammar import parse
 
 
@@ -182,6 +183,7 @@ def _random_like(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tcdsl", description="Tensor comprehensions compiler.")
+    ap.add_argument("--version", action="version", version=f"tcdsl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="print each def in canonical form with the inferred range of every index")
     check.add_argument("files", nargs="+", metavar="FILE.tc")

@@ -93,3 +93,29 @@ def test_wheel_installs_one_package_that_runs(tmp_path: Path) -> None:
     assert len(out) == 5, out
     for path in out:
         assert Path(path).resolve().is_relative_to(site.resolve()), f"{path} is not from the wheel ({site})"
+
+
+def test_sdist_ships_the_examples_license_and_changelog(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=_ignore, symlinks=True)
+    _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path / "dist"), str(src)])
+    (sdist,) = (tmp_path / "dist").glob("tcdsl-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        info = tar.extractfile(f"{sdist.name[:-len('.tar.gz')]}/PKG-INFO").read().decode()  # type: ignore[union-attr]
+    examples = {p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").iterdir() if p.suffix in (".tc", ".py")}
+    assert {"LICENSE", "CHANGELOG.md", "README.md"} | examples <= names, sorted(names)
+    import tcdsl
+
+    assert f"Version: {tcdsl.__version__}" in info and "License-Expression: MIT" in info
+
+
+def test_the_version_is_written_once_and_the_cli_reports_it() -> None:
+    import tcdsl
+
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and "\nversion = " not in text.split("[tool.setuptools.dynamic]")[0]
+    out = subprocess.run([sys.executable, "-m", "tcdsl", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"tcdsl {tcdsl.__version__}"
