@@ -7,6 +7,7 @@ known, prints as ``file:line:col: message`` followed by the source line and a ca
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -108,3 +109,27 @@ def locate(src: SourceFile, line: int, col: int, end_line: int | None = None, en
 
 class TcGradientError(TcSemanticError):
     """A def has no derivative tcdsl can derive: a product reduction, an input that is not a float."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name closest to a misspelt ``name`` (fewest edits, a
+    swap of neighbours counting one; then the same first letter; then the nearest length), or ``""``
+    when none is close."""
+    scored = sorted((_edits(name.lower(), k.lower()), k[:1].lower() != name[:1].lower(), abs(len(k) - len(name)), k)
+                    for k in set(known) if k != name)
+    if not scored:
+        return ""
+    edits, other_start, _, best = scored[0]
+    limit = len(name) // 3 if other_start else max(1, len(name) // 3)  # short names: only with their first letter
+    return f"; did you mean '{best}'?" if edits <= limit else ""
+
+
+def _edits(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours turning ``a`` into ``b``."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]

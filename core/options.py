@@ -14,7 +14,7 @@ from typing import Any
 
 from .affine import Sym
 from .checked import Binop, CheckedDef, Read, Statement
-from .errors import TcArgumentError
+from .errors import TcArgumentError, did_you_mean
 
 FUSION = ("max", "preserve", "min")
 
@@ -66,11 +66,18 @@ class MappingOptions:
 
     @classmethod
     def from_json(cls, text: str) -> MappingOptions:
-        data: dict[str, Any] = json.loads(text)
+        try:
+            data: dict[str, Any] = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TcArgumentError(f"mapping options are not JSON: {e.msg} at column {e.colno}:\n    {text}\n"
+                                  f"    {' ' * (e.colno - 1)}^") from None
+        if not isinstance(data, dict):
+            raise TcArgumentError(f"mapping options are a JSON object of names and values, not {text!r}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise TcArgumentError(f"unknown mapping options: {', '.join(sorted(unknown))}")
+            raise TcArgumentError("unknown mapping options: " + ", ".join(
+                f"{name!r}{did_you_mean(name, known)}" for name in sorted(unknown)))
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})  # type: ignore[arg-type]
 
     def with_(self, **changes: Any) -> MappingOptions:

@@ -33,7 +33,7 @@ from .checked import (
     convert,
     operands,
 )
-from .errors import TcRangeError, TcSemanticError, TcTypeError
+from .errors import TcRangeError, TcSemanticError, TcTypeError, did_you_mean
 from .printer import definition as print_def
 from .printer import expr as print_expr
 from .ranges import infer
@@ -425,7 +425,10 @@ class _DefChecker:
                 raise _err(TcSemanticError, f"output '{e.name}' is read before any statement writes it", e.span)
             if e.name in self.lhs_names:
                 raise _err(TcSemanticError, f"'{e.name}' is read before any statement writes it", e.span)
-            raise _err(TcSemanticError, f"'{e.name}' is not a tensor or builtin of {self.what_def}", e.span)
+            known = [*self.shaped, *self.declared_outputs, *(b for b in BUILTINS if BUILTINS[b][0] == len(e.args)),
+                     *(T.TYPE_NAMES if len(e.args) == 1 else ())]  # a cast
+            raise _err(TcSemanticError, f"'{e.name}' is not a tensor or builtin of {self.what_def}"
+                       + did_you_mean(e.name, known), e.span)
         if e.name not in self.inputs and e.name not in self.written:
             raise _err(TcSemanticError, f"'{e.name}' is read before any statement writes it", e.span)
         if len(e.args) != len(t.dims):

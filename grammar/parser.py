@@ -17,7 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from tcdsl.core import ast as A
 from tcdsl.core.dtypes import TYPE_NAMES, canonical
-from tcdsl.core.errors import SourceFile, TcSyntaxError, locate
+from tcdsl.core.errors import SourceFile, TcSyntaxError, did_you_mean, locate
 
 RESERVED = frozenset(("def", "where", "in", "exists", *TYPE_NAMES))
 FLOAT32_MAX = 3.4028234663852886e38
@@ -58,7 +58,7 @@ def _run(src: SourceFile, start: str) -> Any:
     else:
         error = None
     if error is not None:  # raised outside the handler: no __context__ holding lark's parser state, which
-        raise error        # does not pickle (picklers that keep the chain, as tblib's under dask, would fail)
+        raise error from None  # does not pickle (picklers that keep the chain, as tblib's under dask, fail)
     try:
         return _Build(src).build(tree)
     except TcSyntaxError as e:
@@ -155,6 +155,9 @@ def _translate_at(src: SourceFile, e: UnexpectedInput) -> TcSyntaxError:
             line, col = _end_position(src)
             return TcSyntaxError("unexpected end of text" + _expected(e.expected), locate(src, line, col))
         msg = f"unexpected {_token_text(tok)}" + _expected(e.expected)
+        if tok.type == "NAME" and "TYPE" in e.expected:  # a misspelt type: say which there are
+            msg = (f"'{tok}' is not a type; the types are {', '.join(TYPE_NAMES)}"
+                   + did_you_mean(str(tok), TYPE_NAMES))
         end = (tok.end_column or tok.column + len(str(tok)))
         return TcSyntaxError(msg, locate(src, tok.line, tok.column, tok.end_line, end))
     if isinstance(e, UnexpectedEOF):

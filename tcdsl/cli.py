@@ -9,6 +9,7 @@ Errors are printed located (file:line:col, the source line, a caret) with exit s
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 from . import deepstack, tuning
 from .api import _kernels_of
 from .core import knobs, limits
-from .core.errors import TcArgumentError, TcError
+from .core.errors import TcArgumentError, TcError, did_you_mean
 from .core.options import MappingOptions
 from .core.sema import check_def, check_def_names
 from .core.version import __version__
@@ -31,17 +32,26 @@ def _checked_text(d: Any) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """Every file checked and reported, its errors on stderr; status 1 if any had one."""
+    failed = 0
     for path in args.files:
-        text = Path(path).read_text(encoding="utf-8")
-        module = parse(text, str(path))
-        check_def_names(module)
-        for d in module.defs:
-            if deepstack.is_deep(d):
-                print(deepstack.call(_checked_text, (d,), what=f"def '{d.name.name}'", where=d.name.span.location()))
-            else:
-                print(_checked_text(d))
-            print()
-    return 0
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+            module = parse(text, str(path))
+            check_def_names(module)
+            for d in module.defs:
+                if deepstack.is_deep(d):
+                    print(deepstack.call(_checked_text, (d,), what=f"def '{d.name.name}'",
+                                         where=d.name.span.location()))
+                else:
+                    print(_checked_text(d))
+                print()
+        except (TcError, OSError, UnicodeDecodeError) as e:
+            print(f"tcdsl: {e}", file=sys.stderr)
+            failed += 1
+    if failed and len(args.files) > 1:
+        print(f"tcdsl: {failed} of {len(args.files)} files have errors", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _sizes(text: str) -> dict[str, int]:
@@ -55,6 +65,10 @@ def _sizes(text: str) -> dict[str, int]:
 
 
 def _arguments(checked, sizes: dict[str, int]) -> list[np.ndarray]:
+    unknown = [s for s in sizes if s not in checked.sizes]
+    if unknown:
+        raise TcArgumentError(f"def '{checked.name}' has no size symbol " + ", ".join(
+            f"'{s}'{did_you_mean(s, checked.sizes)}" for s in unknown) + f" (its sizes: {', '.join(checked.sizes)})")
     missing = [s for s in checked.sizes if s not in sizes]
     if missing:
         raise TcArgumentError(f"def '{checked.name}' needs sizes for {', '.join(missing)} (--sizes "
@@ -85,9 +99,16 @@ def _entry(args: argparse.Namespace) -> Any:
     return _kernels_of([defs[args.entry]], None)[0]
 
 
+def _options(text: str) -> MappingOptions:
+    try:
+        return MappingOptions.from_json(text)
+    except TcArgumentError as e:
+        raise TcArgumentError(f"--options: {e.message}") from None
+
+
 def _compile(args: argparse.Namespace) -> int:
     kernel = _entry(args)
-    options = MappingOptions.from_json(args.options) if args.options else MappingOptions()
+    options = _options(args.options) if args.options else None  # None: what a call would use (tuned or defaults)
     arrays = _arguments(kernel.checked, args.sizes)
     if args.emit in ("c", "cuda", "opencl"):
         print(kernel.source(*arrays, backend=args.emit, options=options), end="")
@@ -186,32 +207,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", action="version", version=f"tcdsl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="print each def in canonical form with the inferred range of every index")
-    check.add_argument("files", nargs="+", metavar="FILE.tc")
+    check.add_argument("files", nargs="+", metavar="FILE.tc", help="TC files; each is checked and reported")
     check.set_defaults(run=_check)
     comp = sub.add_parser("compile", help="print the generated C, the schedule tree or the explanation of one def")
-    comp.add_argument("file", metavar="FILE.tc")
+    comp.add_argument("file", metavar="FILE.tc", help="the TC file holding the def")
     comp.add_argument("--entry", help="the def to compile (default: the only one)")
     comp.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
-    comp.add_argument("--emit", choices=("c", "cuda", "opencl", "schedule", "explain"), default="c")
-    comp.add_argument("--options", help="mapping options as JSON (see MappingOptions.to_json)")
+    comp.add_argument("--emit", choices=("c", "cuda", "opencl", "schedule", "explain"), default="c",
+                      help="what to print: generated C (default), CUDA or OpenCL, the schedule tree, or why each "
+                           "loop is parallel or not")
+    comp.add_argument("--options", help="mapping options as JSON, e.g. '{\"tile\": [32, 32, 32]}' (default: the "
+                                        "tuned ones for these sizes, else the defaults)")
     comp.set_defaults(run=_compile)
     grad = sub.add_parser("grad", help="print the backward def derived for one def (reverse mode)")
-    grad.add_argument("file", metavar="FILE.tc")
+    grad.add_argument("file", metavar="FILE.tc", help="the TC file holding the def")
     grad.add_argument("--entry", help="the def to differentiate (default: the only one)")
     grad.add_argument("--wrt", help="inputs to differentiate with respect to, e.g. A,B (default: every float input)")
     grad.set_defaults(run=_grad)
     tune = sub.add_parser("tune", help="search mapping options for one def at given sizes and store the best")
-    tune.add_argument("file", metavar="FILE.tc")
+    tune.add_argument("file", metavar="FILE.tc", help="the TC file holding the def")
     tune.add_argument("--entry", help="the def to tune (default: the only one)")
     tune.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=64,N=32,K=128")
     tune.add_argument("--budget", type=float, default=TUNE_BUDGET_S,
                       help=f"stop after this many seconds, the final check included (default {TUNE_BUDGET_S:g}; "
                            "0: no limit)")
-    tune.add_argument("--generations", type=int, default=25)
-    tune.add_argument("--population", type=int, default=100)
-    tune.add_argument("--seed", type=int)
+    tune.add_argument("--generations", type=int, default=25, help="generations of the search at most (default 25)")
+    tune.add_argument("--population", type=int, default=100, help="candidates per generation (default 100)")
+    tune.add_argument("--seed", type=int, help="seed of the search's random choices (default: a fresh one)")
     tune.add_argument("--resume", action="store_true", help="continue an interrupted search")
-    tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c")
+    tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c",
+                      help="where the kernel runs: c (default), opencl or cuda")
     tune.set_defaults(run=_tune)
     cache = sub.add_parser("cache", help="list, forget, export or import tuned options; show what the caches hold")
     cache.add_argument("action", choices=("list", "forget", "export", "import", "clear", "du"),
@@ -226,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # `tcdsl ... | head`: the reader left; no traceback, no second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # a shell's status for SIGPIPE
     except TcError as e:
         print(f"tcdsl: {e}", file=sys.stderr)
         return 1
