@@ -7,6 +7,7 @@ known, prints as ``file:line:col: message`` followed by the source line and a ca
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -56,6 +57,10 @@ class TcError(Exception):
         if loc is None:
             return self.message
         return f"{loc.file}:{loc.line}:{loc.col}: {self.message}{loc.render()}"
+
+    def _repr_html_(self) -> str:
+        """The located message with its source line and caret, as text (Jupyter's rich display)."""
+        return f"<pre style='color:#b31d28'>{html.escape(type(self).__name__ + ': ' + str(self))}</pre>"
 
     def __reduce__(self):  # keep subclass, message and location across processes
         return (type(self), (self.message, self.location))

@@ -8,6 +8,7 @@ dimension (x first), shared and private memory promotion, copy unrolling (see ``
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -17,6 +18,10 @@ from .checked import Binop, CheckedDef, Read, Statement
 from .errors import TcArgumentError, did_you_mean
 
 FUSION = ("max", "preserve", "min")
+# the fields each backend reads (fusion: both)
+CPU_FIELDS = ("fusion", "tile", "register_tile", "point_order", "vectorize", "openmp", "parallel_depth", "unroll")
+GPU_FIELDS = ("fusion", "tile", "blocks", "threads", "shared_memory", "max_shared_memory", "private_memory",
+              "unroll", "unroll_copy_shared")
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,26 @@ class MappingOptions:
 
     def with_(self, **changes: Any) -> MappingOptions:
         return replace(self, **changes)
+
+    def _repr_html_(self) -> str:
+        """A table in two groups (the C backend's fields and the GPU's), the values that differ from
+        the defaults in bold, named first, with the default beside them (Jupyter's rich display)."""
+        changed = {c.split(":", 1)[0] for c in self.changes()}
+        base, rows = MappingOptions(), []
+        for group, names in (("C", CPU_FIELDS), ("CUDA / OpenCL", GPU_FIELDS)):
+            cells = []
+            for n in sorted(names, key=lambda n: (n not in changed, names.index(n))):
+                value = html.escape(repr(getattr(self, n)))
+                if n in changed:
+                    cells.append(f"<tr><td style='text-align:left'><b>{n}</b></td><td style='text-align:left'>"
+                                 f"<code>{value}</code> (default <code>{html.escape(repr(getattr(base, n)))}</code>)"
+                                 "</td></tr>")
+                else:
+                    cells.append(f"<tr><td style='text-align:left'>{n}</td><td style='text-align:left'>"
+                                 f"<code>{value}</code></td></tr>")
+            rows.append(f"<tr><th colspan=2 style='text-align:left'>{group}</th></tr>{''.join(cells)}")
+        note = f"{len(changed)} differ from the defaults" if changed else "the defaults"
+        return f"<table><caption style='text-align:left'>MappingOptions: {note}</caption>{''.join(rows)}</table>"
 
     def changes(self) -> list[str]:
         """``"name: default -> value"`` for each option that differs from the defaults."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import deepstack, gpurt, interp, layout
+from . import deepstack, display, gpurt, interp, layout
 from .autodiff import attach, backward_of
 from .codegen import toolchain
 from .codegen.gpu import launch_text
@@ -33,6 +33,7 @@ from .core.errors import Location, SourceFile, TcArgumentError, TcError, TcSeman
 from .core.instance import Instance, accumulate_error, bind_sizes, instantiate
 from .core.options import MappingOptions
 from .core.sema import check_def, check_def_names
+from .explain import Explanation
 from .explain import explain as explain_lowered
 from .grammar import is_short_form, parse, parse_statements
 from .polyhedral.cputarget import CpuTarget, preset
@@ -153,9 +154,8 @@ class Kernel:
 
     @_stack_safe
     def _repr_html_(self) -> str:
-        import html
-
-        return f"<pre>{html.escape(str(self.checked))}</pre>"
+        """The def with its inferred ranges, highlighted (Jupyter's rich display)."""
+        return display.highlight(str(self.checked))
 
     @_stack_safe
     def instance(self, *args: Any) -> Instance:
@@ -344,13 +344,14 @@ class Kernel:
         return f"# {choice.header()}\n{tree_text(self._lowered(arrays, choice.options, None).final)}"
 
     @_stack_safe
-    def explain(self, *args: Any, options: MappingOptions | None = None) -> str:
+    def explain(self, *args: Any, options: MappingOptions | None = None) -> Explanation:
         """Why each loop is or is not parallel, and which statements were fused, with the options a
         call would use (see ``options_for``) and where they come from."""
         arrays = self._view_arrays(args, "c")
         choice = self._choice(arrays, "c", options)
         opts = choice.options.resolved(self.checked)
-        return f"{choice.header()}\n{explain_lowered(self._lowered(arrays, opts, None), opts)}"
+        text = explain_lowered(self._lowered(arrays, opts, None), opts)
+        return Explanation(f"{choice.header()}\n{text}", text.rows)
 
     @_user_facing
     @_stack_safe
@@ -547,6 +548,11 @@ class Library(SimpleNamespace):
 
     def __len__(self) -> int:
         return len(vars(self))
+
+    def _repr_html_(self) -> str:
+        """Each def, highlighted, under its name (Jupyter's rich display)."""
+        return "".join(f"<h4 style='margin-bottom:0'><code>{name}</code></h4>{k._repr_html_()}"
+                       for name, k in vars(self).items())
 
 
 @_user_facing

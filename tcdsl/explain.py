@@ -1,24 +1,93 @@
-"""Explanations: ``Lowered -> str``, why each loop is or is not parallel and what was fused.
+"""Explanations: ``Lowered -> Explanation``, why each loop is or is not parallel and what was fused.
 
-For every loop of the generated nest: parallel (and how it runs: OpenMP, SIMD) or serial with
-one dependence it carries, as a concrete pair of statement instances found by isl. For the
-statements: which share a loop nest, and for those that do not, whether Max fusion would have
-put them together.
+For every loop of the generated nest: the def's indices it walks (``m``, ``r_k``; ``by 32`` for a
+loop over tiles), parallel (and how it runs: OpenMP, SIMD) or serial with one dependence it
+carries, as a concrete pair of statement instances found by isl. For the statements: which share a
+loop nest, and for those that do not, whether Max fusion would have put them together. An
+``Explanation`` is the text (a ``str``) with the loops as rows, and an HTML table in notebooks.
 """
 
 from __future__ import annotations
+
+import html
+from dataclasses import dataclass
 
 import islpy as isl
 
 from .core.options import MappingOptions
 from .core.printer import stmt as print_stmt
 from .polyhedral import schedule
-from .polyhedral.loopir import LFor, LIf, LNode
+from .polyhedral.loopir import LCall, LFor, LIf, LNode, expr_vars, walk
 from .polyhedral.loopir import expr_text as lexpr
-from .polyhedral.scop import stmt_order
+from .polyhedral.scop import Scop, stmt_order
 
 
-def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no import cycle)
+@dataclass(frozen=True)
+class LoopRow:
+    """One loop of the nest, for the text and the table."""
+
+    depth: int
+    var: str  # the generated loop variable (c0, c1, ...)
+    walks: str  # the def's indices it moves, with the step of a loop over tiles ("m by 32")
+    bounds: str  # "from 0 while (c0 <= 63) step 32"
+    runs: str  # "parallel, OpenMP parallel for", "serial"
+    why: str  # for a serial loop: the dependence it carries
+
+
+class Explanation(str):
+    """``explain()``'s text, with its loops as ``rows`` and an HTML form for notebooks."""
+
+    rows: tuple[LoopRow, ...]
+
+    def __new__(cls, text: str, rows: tuple[LoopRow, ...] = ()) -> Explanation:
+        self = super().__new__(cls, text)
+        self.rows = rows
+        return self
+
+    def _repr_html_(self) -> str:
+        head, _, _ = self.partition("\nloops:")
+        table = "".join(
+            f"<tr><td style='text-align:left;padding-left:{1 + 1.5 * r.depth}em'><code>{html.escape(r.walks)}</code>"
+            f"</td><td><code>{html.escape(r.var)}</code></td><td style='text-align:left'>{html.escape(r.runs)}</td>"
+            f"<td style='text-align:left'><code>{html.escape(r.why)}</code></td></tr>" for r in self.rows)
+        return (f"<pre>{html.escape(head.rstrip())}</pre><table><thead><tr><th>loop over</th><th>variable</th>"
+                f"<th>runs</th><th>why not parallel</th></tr></thead><tbody>{table}</tbody></table>")
+
+    def __reduce__(self) -> tuple:
+        return (Explanation, (str(self), self.rows))
+
+
+def loop_rows(nodes: tuple[LNode, ...], scop: Scop, depth: int = 0) -> list[LoopRow]:
+    """The loops of ``nodes``, outermost first, each named by the def's indices it moves."""
+    rows: list[LoopRow] = []
+    for n in nodes:
+        if isinstance(n, LFor):
+            if n.parallel:
+                how = ", OpenMP parallel for" if n.omp else (", vectorised (omp simd)" if n.simd else "")
+                runs, why = f"parallel{how}", ""
+            else:
+                runs, why = "serial", f"carries {n.note or 'a dependence'}"
+            bounds = f"from {lexpr(n.init)} while {lexpr(n.cond)} step {n.step}"
+            rows.append(LoopRow(depth, n.var, _walks(n, scop), bounds, runs, why))
+            rows += loop_rows(n.body, scop, depth + 1)
+        elif isinstance(n, LIf):
+            rows += loop_rows(n.then, scop, depth) + loop_rows(n.other, scop, depth)
+    return rows
+
+
+def _walks(n: LFor, scop: Scop) -> str:
+    """The statement indices whose values loop ``n``'s variable moves, in the def's own names."""
+    names: list[str] = []
+    for call in walk(n.body):
+        if isinstance(call, LCall):
+            for index, arg in zip(scop.stmt(call.stmt).indices, call.args):
+                if n.var in expr_vars(arg) and index not in names:
+                    names.append(index)
+    label = ", ".join(names) or "-"
+    return f"{label} by {n.step}" if n.step > 1 else label
+
+
+def explain(low, options: MappingOptions) -> Explanation:  # low: compiler.Lowered (no import cycle)
     scop = low.scop
     c = scop.inst.checked
     sizes = ", ".join(f"{k}={v}" for k, v in scop.inst.sizes.items())
@@ -53,8 +122,10 @@ def explain(low, options: MappingOptions) -> str:  # low: compiler.Lowered (no i
         out.append(f"  the initialisations ({', '.join(inits)}) then run in nests of their own, before the "
                    f"reductions they start")
     out += ["", "loops:"]
-    _loops(low.ir.body, 1, out)
-    return "\n".join(out)
+    rows = loop_rows(low.ir.body, scop)
+    out += [f"{'  ' * (1 + r.depth)}for {r.var} ({r.walks}) {r.bounds}: {r.runs}{', ' + r.why if r.why else ''}"
+            for r in rows]
+    return Explanation("\n".join(out), tuple(rows))
 
 
 def _nests(sched: isl.Schedule) -> list[list[str]]:
@@ -75,18 +146,3 @@ def _names(uset: isl.UnionSet) -> list[str]:
     names: list[str] = []
     uset.foreach_set(lambda s: names.append(s.get_tuple_name()))
     return names
-
-
-def _loops(nodes: tuple[LNode, ...], depth: int, out: list[str]) -> None:
-    for n in nodes:
-        if isinstance(n, LFor):
-            head = f"{'  ' * depth}for {n.var} from {lexpr(n.init)} while {lexpr(n.cond)} step {n.step}: "
-            if n.parallel:
-                how = ", OpenMP parallel for" if n.omp else (", vectorised (omp simd)" if n.simd else "")
-                out.append(head + f"parallel{how}")
-            else:
-                out.append(head + f"serial, carries {n.note or 'a dependence'}")
-            _loops(n.body, depth + 1, out)
-        elif isinstance(n, LIf):
-            _loops(n.then, depth, out)
-            _loops(n.other, depth, out)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tcdsl import gpurt
+from tcdsl import display, gpurt
 from tcdsl.codegen import nvrtc, toolchain
 from tcdsl.core.options import MappingOptions
 from tcdsl.core.version import __version__
@@ -58,6 +58,10 @@ class TuneResult:
     @property
     def speedup(self) -> float:
         return self.default_time_s / self.time_s if self.time_s > 0 else math.inf
+
+    def _repr_html_(self) -> str:
+        """A summary table, the options kept and the plot (Jupyter's rich display)."""
+        return display.tune_result(self)
 
     def explain(self) -> str:
         """The kept options, how they differ from the defaults, and the final decision's numbers."""

@@ -1,0 +1,58 @@
+"""Rich display: ``text -> HTML`` for notebooks (Jupyter calls ``_repr_html_``), a leaf module any
+layer may print with. A def, highlighted (keywords, types, reductions, the def's name, the range
+comments); a tuning result as a summary table, its options (``MappingOptions._repr_html_``) and
+its plot. Printers only: every decision they show was made before.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from typing import Any
+
+_TOKENS = re.compile(r"(?P<comment>#[^\n]*)|(?P<kw>\bdef\b|\bwhere\b|\bin\b)"
+                     r"|(?P<type>\b(?:bool|u?int(?:8|16|32|64)|float(?:16|32|64)?|double)\b)"
+                     r"|(?P<red>(?:\+|\*|max|min)=!?|=!|->)")
+_STYLE = {"comment": "color:#6a737d", "kw": "color:#d73a49;font-weight:bold", "type": "color:#005cc5",
+          "red": "color:#b31d28;font-weight:bold"}
+
+
+def highlight(tc_text: str) -> str:
+    """TC text as HTML in a ``<pre>``, its keywords, types, reductions and comments coloured."""
+    out, at = [], 0
+    for m in _TOKENS.finditer(tc_text):
+        out.append(html.escape(tc_text[at:m.start()]))
+        kind = m.lastgroup or ""
+        out.append(f"<span style='{_STYLE[kind]}'>{html.escape(m.group(0))}</span>")
+        at = m.end()
+    out.append(html.escape(tc_text[at:]))
+    text = re.sub(r"(def</span> )(\w+)", r"\1<b>\2</b>", "".join(out))
+    return f"<pre style='line-height:1.35'>{text}</pre>"
+
+
+def tune_result(result: Any) -> str:
+    """A ``TuneResult`` as a summary table, the options kept, and its plot (where matplotlib is)."""
+    decision = result.decision.why if result.decision is not None else "no candidate was valid"
+    rows = [("best", f"{result.time_s * 1e3:.4g} ms"), ("defaults", f"{result.default_time_s * 1e3:.4g} ms"),
+            ("speed-up", f"{result.speedup:.2f}x"), ("candidates evaluated", str(result.evaluations)),
+            ("invalid", str(result.invalid)), ("stopped by", result.stopped), ("final check", decision)]
+    table = "".join(f"<tr><td style='text-align:left'>{k}</td><td style='text-align:left'>{html.escape(v)}</td></tr>"
+                    for k, v in rows)
+    return f"<table>{table}</table>{result.options._repr_html_()}{_plot(result)}"
+
+
+def _plot(result: Any) -> str:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ""
+    if not result.generations:
+        return ""
+    ax = result.plot()
+    buf = io.BytesIO()
+    ax.figure.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(ax.figure)
+    png = base64.b64encode(buf.getvalue()).decode()
+    return f"<img alt='best and median time per generation' src='data:image/png;base64,{png}'/>"
