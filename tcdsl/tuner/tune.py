@@ -38,7 +38,7 @@ DECISION_ROUNDS = 40  # the final rounds a budget holds time back for (the first
 DECISION_SETUP_S = 2.0  # and this, for a timing process to restart (one that timed out is replaced) and load
 
 
-@dataclass
+@dataclass(repr=False)
 class TuneResult:
     """What a search kept: the options and their time, the defaults' time, the history, and the
     final decision between the search's best (``candidate``) and the defaults."""
@@ -54,6 +54,12 @@ class TuneResult:
     rejected: list[tuple[str, str]] = field(default_factory=list)
     decision: Decision | None = None  # None: the search found nothing valid
     candidate: MappingOptions | None = None  # the search's best, which the decision kept or dropped
+
+    def __repr__(self) -> str:
+        kept = "the defaults" if self.options == MappingOptions() else ", ".join(self.options.changes())
+        return (f"<TuneResult: {self.time_s * 1e3:.4g} ms, defaults {self.default_time_s * 1e3:.4g} ms "
+                f"({self.speedup:.2f}x); {self.evaluations} candidates, {self.invalid} invalid, stopped by "
+                f"{self.stopped}; kept {kept}>")
 
     @property
     def speedup(self) -> float:
@@ -197,6 +203,10 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
     def on_generation(g: Generation, search: GeneticSearch) -> None:
         cache.save_checkpoint(key, search.state())
         bar.generation(g)
+        evaluator.deadline = plan.search_end(evaluator)
+        if evaluator.out_of_time():  # the search's share of the budget is spent: no generation of skips
+            search.config = replace(search.config, budget_s=0.0)
+            return
         if search_budget is not None:  # the time held back for the final rounds is not the search's
             held = deadline - plan.search_end(evaluator)
             search.config = replace(search.config, budget_s=max(0.0, search_budget - held))
