@@ -310,8 +310,9 @@ class Kernel:
         choice = self._choice(arrays, backend, options)
         if backend in ("cuda", "opencl"):
             src = lower_gpu(self._instance(arrays), choice.options, backend, SM90).source
-            return f"/* {choice.header()} */\n{launch_text(src)}\n{src.text}"
-        return f"/* {choice.header()} */\n{self._lowered(arrays, choice.options, target).source.text}"
+            return display.Preformatted(f"/* {choice.header()} */\n{launch_text(src)}\n{src.text}")
+        code = self._lowered(arrays, choice.options, target).source.text
+        return display.Preformatted(f"/* {choice.header()} */\n{code}")
 
     @_stack_safe
     def lowered_gpu(self, *args: Any, backend: str = "cuda", options: MappingOptions | None = None,
@@ -341,7 +342,8 @@ class Kernel:
         options a call would use (see ``options_for``)."""
         arrays = self._view_arrays(args, "c")
         choice = self._choice(arrays, "c", options)
-        return f"# {choice.header()}\n{tree_text(self._lowered(arrays, choice.options, None).final)}"
+        tree = tree_text(self._lowered(arrays, choice.options, None).final)
+        return display.Preformatted(f"# {choice.header()}\n{tree}")
 
     @_stack_safe
     def explain(self, *args: Any, options: MappingOptions | None = None) -> Explanation:

@@ -32,6 +32,16 @@ def highlight(tc_text: str) -> str:
     return f"<pre style='line-height:1.35'>{text}</pre>"
 
 
+class Preformatted(str):
+    """Text that a notebook shows as it prints (a schedule tree, generated code), not as a quoted string."""
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self)}</pre>"
+
+    def __reduce__(self) -> tuple:
+        return (Preformatted, (str(self),))
+
+
 def tune_result(result: Any) -> str:
     """A ``TuneResult`` as a summary table, the options kept, and its plot (where matplotlib is)."""
     decision = result.decision.why if result.decision is not None else "no candidate was valid"

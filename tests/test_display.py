@@ -42,6 +42,14 @@ def test_explain_is_text_and_a_table_of_loops_named_by_the_defs_indices() -> Non
     assert again == e and again.rows == e.rows
 
 
+def test_the_schedule_tree_and_the_code_show_as_text() -> None:
+    k = tc.define(MM)
+    A, B = np.ones((16, 8), np.float32), np.ones((8, 12), np.float32)
+    tree, code = k.schedule(A, B), k.source(A, B)
+    assert tree.startswith("# options: ") and tree._repr_html_().startswith("<pre># options: ")
+    assert "&lt;math.h&gt;" in code._repr_html_() and pickle.loads(pickle.dumps(code)) == code
+
+
 def test_options_mark_what_differs_from_the_defaults() -> None:
     page = tc.MappingOptions(tile=(8, 8), blocks=(4, 2))._repr_html_()
     assert "2 differ from the defaults" in page
