@@ -8,6 +8,9 @@ then the API (``api``: kernels), then the command line. Autodiff, the tuner and 
 never import the API: they make kernels through the class of the kernel they are given.
 """
 
+import importlib.abc
+import importlib.util
+import sys
 from typing import Any
 
 from . import tuning
@@ -28,6 +31,40 @@ from .core.errors import (
 )
 from .core.options import MappingOptions
 from .core.version import __version__
+
+
+def _torch_ops() -> None:
+    """Register the ``tcdsl::`` torch ops, able to rebuild any kernel from its key's def text (a graph
+    exported in another process loads and runs). Done now if torch is imported, else right after it is."""
+    from . import torch_ops  # torch is imported already: registering costs nothing more
+
+    torch_ops.KERNEL_OF_SOURCE = Kernel.of_source
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Registers the ops once torch's import finishes (tcdsl never imports torch itself)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _torch_ops()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if "torch" in sys.modules:
+    _torch_ops()
+elif importlib.util.find_spec("torch") is not None:
+    sys.meta_path.insert(0, _AfterTorch())
 
 
 def autotune(kernel: Kernel | GenericKernel, *args: object, **settings: Any) -> object:

@@ -8,6 +8,7 @@ the custom ops ``tcdsl::forward`` / ``tcdsl::backward`` whose autograd runs back
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +17,12 @@ import numpy as np
 import torch
 
 from . import gpurt
-from .autodiff import Backward, backward_of, saved_types
+from .autodiff import Backward, attach, backward_of, saved_types
 from .core import dtypes as T
 from .core.errors import TcArgumentError
 from .core.instance import accumulate_error, bind_sizes, instantiate
+from .core.options import MappingOptions
+from .core.printer import definition
 from .core.sema import check_def
 from .grammar import parse
 
@@ -49,13 +52,51 @@ class _Entry:
 
 _REGISTRY: dict[str, _Entry] = {}
 _LOCK = threading.Lock()
+KERNEL_OF_SOURCE: Any = None  # tcdsl.api.Kernel.of_source, set by the package: rebuilds a key's kernel
+KEY_VERSION = 1
 
 
 def _register(entry: _Entry, base: str) -> str:
+    """A key of this process only (a def with a backward given as a kernel: no text rebuilds it)."""
     with _LOCK:
         key = f"{base}#{len(_REGISTRY)}"
         _REGISTRY[key] = entry
     return key
+
+
+def _stable_key(kernel: Any, backend: str | None, options: Any, train: bool) -> str:
+    """A key that names the kernel by its def's text, the backend, the options and whether it
+    trains: the same in every process, and enough to rebuild the entry (``_entry``), so that a
+    graph exported with the op (``torch.export``) runs in another process after ``import tcdsl``."""
+    save = getattr(kernel, "_save", None)
+    return json.dumps({"tcdsl": KEY_VERSION, "def": definition(kernel.checked.source), "backend": backend,
+                       "options": options.to_json() if options is not None else None,
+                       "kernel_backend": kernel.backend, "kernel_options": kernel.options.to_json(),
+                       "save": dict(save) if isinstance(save, dict) else list(save) if save is not None else None,
+                       "train": train}, sort_keys=True)
+
+
+def _entry(key: str) -> _Entry:
+    """The entry of ``key``: registered in this process, or rebuilt from a stable key's text."""
+    e = _REGISTRY.get(key)
+    if e is not None:
+        return e
+    try:
+        spec = json.loads(key)
+        ok = isinstance(spec, dict) and spec.get("tcdsl") == KEY_VERSION and KERNEL_OF_SOURCE is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise TcArgumentError(f"no tcdsl kernel is registered under {key!r} in this process; a graph that "
+                              "holds it was saved from another process (keys of defs with a backward given as "
+                              "a kernel do not travel)")
+    kernel = KERNEL_OF_SOURCE(spec["def"], backend=spec["kernel_backend"])
+    kernel.options = MappingOptions.from_json(spec["kernel_options"])
+    if spec["save"] is not None:
+        attach(kernel, None, spec["save"])
+    options = MappingOptions.from_json(spec["options"]) if spec["options"] is not None else None
+    _forward_key(kernel, spec["backend"], options, spec["train"])
+    return _REGISTRY[key]
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: run once while tracing, a constant after
@@ -74,7 +115,14 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
                 run._save = ()  # type: ignore[attr-defined]  # its backward reads the saved values as outputs
                 types = saved_types(bw, c)
                 outs += tuple((n, types[n]) for n in bw.saved)
-        key = keys[k] = _register(_Entry(run, backend, options, kernel, outs, len(c.outputs)), c.name)
+        entry = _Entry(run, backend, options, kernel, outs, len(c.outputs))
+        if getattr(kernel, "_user_backward", None) is None:
+            key = _stable_key(kernel, backend, options, train)
+            with _LOCK:  # another kernel of the same text and choices may hold it: the same computation
+                _REGISTRY[key] = entry
+        else:
+            key = _register(entry, c.name)
+        keys[k] = key
     return key
 
 
@@ -83,13 +131,13 @@ def _forward_key(kernel: Any, backend: str | None, options: Any, train: bool) ->
 
 @torch.library.custom_op("tcdsl::forward", mutates_args=())
 def _forward(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
-    e = _REGISTRY[key]
+    e = _entry(key)
     return _run(e, args)
 
 
 @_forward.register_fake
 def _forward_fake(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
-    e = _REGISTRY[key]
+    e = _entry(key)
     shapes = _output_shapes(e, args)
     return [args[0].new_empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs] if args else \
         [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
@@ -115,7 +163,7 @@ def _wrt(kernel: Any, needs: list[bool]) -> list[str]:
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     """Keep for the backward only the tensors its def reads (also under double backward)."""
     key, args = inputs
-    e = _REGISTRY[key]
+    e = _entry(key)
     ctx.key = key
     ctx.needs = [a.requires_grad for a in args]
     ctx.n_args = len(args)
@@ -131,7 +179,7 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
-    e = _REGISTRY[ctx.key]
+    e = _entry(ctx.key)
     # the kernel's backward; when the values it saved have gradients too (double backward), the
     # backward of the def that returns them, which counts them as outputs
     owner = e.kernel if any(g is not None for g in grads[e.n_user_outputs:]) else e.owner
@@ -275,7 +323,7 @@ def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str |
 def _update(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     """The kernel writing into the caller's ``out=`` tensors (marked as mutated: outputs that a
     reduction without ``!`` updates are read too)."""
-    e = _REGISTRY[key]
+    e = _entry(key)
     views = [o.numpy() for o in outs]
     e.kernel(*[a.numpy() for a in args], out=views if len(views) > 1 else views[0], backend=e.backend,
              options=e.options)

@@ -304,3 +304,48 @@ def test_gradients_of_cuda_tensors_run_on_the_cuda_backend():  # pragma: no cove
     C.sum().backward()
     assert_sum_close(_np(C), np.matmul, _np(A), _np(B), terms=17)
     assert_sum_close(_np(A.grad), lambda B: np.ones((33, 9)) @ B.T, _np(B), terms=9)
+
+
+_EXPORT = '''
+import numpy as np, torch, tcdsl as tc
+k = tc.define("""def lin(float(B,M) I, float(N,M) W, float(N) Bias) -> (O) {
+    O(b, n) +=! I(b, r_m) * W(n, r_m)
+    O(b, n) = fmax(O(b, n) + Bias(n), 0.0)
+}""")
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.W = torch.nn.Parameter(torch.randn(6, 5, generator=g))
+        self.b = torch.nn.Parameter(torch.randn(6, generator=g))
+    def forward(self, x):
+        return k(x, self.W, self.b) * 2
+m, x = M(), torch.randn(4, 5, generator=torch.Generator().manual_seed(1))
+ep = torch.export.export(m, (x,))
+assert any("tcdsl.forward" in str(n.target) for n in ep.graph.nodes)
+torch.export.save(ep, "prog.pt2")
+torch.save({"x": x, "y": m(x).detach()}, "io.pt")
+'''
+_LOAD = '''
+import {first}, {second}
+ep = torch.export.load("prog.pt2")
+d = torch.load("io.pt")
+y = ep.module()(d["x"])
+assert torch.equal(y, d["y"]), (y, d["y"])
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("order", [("torch", "tcdsl"), ("tcdsl", "torch")])
+def test_an_exported_program_runs_in_a_new_process(tmp_path: Path, order: tuple[str, str]) -> None:
+    """The op's key is the def's text (not a per-process counter), and ``import tcdsl`` registers
+    the ops (now, or right after torch is imported): a program exported in one process loads and
+    runs in another, rebuilding the kernel from its text, with the same numbers."""
+    import subprocess
+
+    env = {**__import__("os").environ, "TCDSL_CACHE_DIR": str(tmp_path / "cache")}
+    run = [sys.executable, "-c"]
+    subprocess.run([*run, _EXPORT], cwd=tmp_path, env=env, check=True, timeout=300)
+    out = subprocess.run([*run, _LOAD.format(first=order[0], second=order[1])], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
