@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import shutil
 import sys
 import threading
@@ -431,7 +432,10 @@ class ShortForm:
         if not callable(fn):
             raise TypeError("the short form of tc.define decorates a function whose parameters name the inputs")
         params = [p.name for p in inspect.signature(fn).parameters.values()]
-        return GenericKernel(fn.__name__, params, self.stmts, self.outputs, self.backend, fn.__doc__)
+        # the def's name (and its backward's, name_grad) must be a TC name: a lambda's "<lambda>" is not
+        name = re.sub(r"\W", "_", fn.__name__).strip("_") or "kernel"
+        name = f"k_{name}" if name[0].isdigit() else name
+        return GenericKernel(name, params, self.stmts, self.outputs, self.backend, fn.__doc__)
 
 
 class GenericKernel:

@@ -334,9 +334,32 @@ def _update_fake(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -
     return None
 
 
+_NUMPY_OF = {t: np.dtype(name).str for name, t in _TORCH_DTYPES.items()}
+
+
+@torch.compiler.assume_constant_result  # under torch.compile: a constant while tracing, no tensor looked into
+def _generic_key(generic: Any, sig: tuple[tuple[str, tuple[int, ...]], ...], backend: str | None, options: Any,
+                 train: bool) -> str:
+    """The forward key of the def a short-form kernel makes for tensors of these dtypes and shapes."""
+    kernel = generic.kernel(*[np.empty(shape, dtype=np.dtype(d)) for d, shape in sig])
+    if kernel.checked.accumulates:
+        raise accumulate_error(kernel.checked)
+    return _forward_key(kernel, backend or generic.backend, options, train)
+
+
 def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None,
                  options: Any = None) -> Any:
-    """A short-form kernel on torch tensors: the def is made from the tensors' dtypes and shapes."""
+    """A short-form kernel on torch tensors: the def is made from the tensors' dtypes and shapes.
+    Under ``torch.compile`` (CPU tensors, no ``out=``) the def is found from those alone, so the
+    graph does not break on looking into the tensors."""
+    if (torch.compiler.is_compiling() and out is None
+            and all(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)):
+        sig = tuple((_NUMPY_OF[a.dtype], tuple(a.shape)) for a in args)
+        train = torch.is_grad_enabled() and any(a.requires_grad for a in args)
+        key = _generic_key(generic, sig, backend, options, train)
+        res = _forward(key, list(args))
+        n = _entry(key).n_user_outputs
+        return res[0] if n == 1 else tuple(res[:n])
     plain = [a.detach().numpy() if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args]
     kernel = generic.kernel(*plain)
     return call(kernel, args, out=out, backend=backend or generic.backend, options=options)

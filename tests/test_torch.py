@@ -349,3 +349,19 @@ def test_an_exported_program_runs_in_a_new_process(tmp_path: Path, order: tuple[
     out = subprocess.run([*run, _LOAD.format(first=order[0], second=order[1])], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_short_form_kernels_compile_without_graph_breaks() -> None:
+    """Under torch.compile(fullgraph=True) a short-form kernel finds its def from the tensors' dtypes
+    and shapes (no tensor is looked into while tracing), forward and backward."""
+    mm = tc.define("C(i, j) +=! A(i, k) * B(k, j)")(lambda A, B: None)
+    f = torch.compile(lambda a, b: mm(a, b).relu() + 1, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(8, 5, generator=g, requires_grad=True)
+    b = torch.randn(5, 3, generator=g, requires_grad=True)
+    y = f(a, b)
+    want = (a.detach() @ b.detach()).relu() + 1
+    assert_sum_close(_np(y) - 1, lambda A, B: np.maximum(A @ B, 0), _np(a), _np(b), terms=5)
+    y.sum().backward()
+    mask = (want > 1).float()
+    assert_sum_close(a.grad.numpy(), lambda M, B: M @ B.T, mask.numpy(), _np(b), terms=3)
