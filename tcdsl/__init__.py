@@ -11,6 +11,7 @@ never import the API: they make kernels through the class of the kernel they are
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 from typing import Any
 
 from . import tuning
@@ -36,8 +37,11 @@ from .core.version import __version__
 def _torch_ops() -> None:
     """Register the ``tcdsl::`` torch ops, able to rebuild any kernel from its key's def text (a graph
     exported in another process loads and runs). Done now if torch is imported, else right after it is."""
-    from . import torch_ops  # torch is imported already: registering costs nothing more
-
+    try:
+        from . import torch_ops  # torch is imported already: registering costs nothing more
+    except Exception as e:  # never break the user's `import torch` (an unsupported torch, say)
+        warnings.warn(f"tcdsl's torch ops are not registered: {type(e).__name__}: {e}", TcWarning, stacklevel=2)
+        return
     torch_ops.KERNEL_OF_SOURCE = Kernel.of_source
 
 
