@@ -267,12 +267,29 @@ class Kernel:
         return [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
 
     @_stack_safe
-    def autotune(self, *args: Any, backend: str = "c", **settings: Any) -> Any:
+    def autotune(self, *args: Any, generations: int = 25, population: int = 100, crossover: float = 0.8,
+                 mutation: float = 0.07, elites: int = 10, patience: int | None = 5, budget: float | None = None,
+                 seed: int | None = None, resume: bool = False, executor: Any = None, cache: Any = None,
+                 progress: bool = True, reps: int = 5, run_timeout: float = 60.0, compile_timeout: float = 300.0,
+                 runner: str = "tcdsl.tuner.evaluate:time_candidate", backend: str = "c",
+                 time_on: str = "local") -> tune.TuneResult:
         """Search mapping options for these arguments on ``backend`` ("c", "opencl" or "cuda"),
-        store the best in the tuning cache and use them for later calls; returns a ``TuneResult``
-        (see ``tcdsl.tuner.tune``)."""
+        store the best in the tuning cache and use them for later calls; returns a ``TuneResult``.
+
+        ``generations``, ``population``, ``crossover``, ``mutation``, ``elites``: the genetic search
+        (TC's defaults); ``patience``: stop after this many generations without a better time;
+        ``budget``: seconds for the whole search, final check included; ``seed``; ``resume``: go on
+        from an interrupted search's checkpoint; ``executor``: a ``concurrent.futures.Executor``
+        that compiles candidates (``time_on="executor"``: and times them); ``cache``: a
+        ``TuningCache`` (default ``$TCDSL_TUNING_DB``); ``progress``: the progress bar; ``reps``:
+        timed runs per candidate; ``run_timeout``/``compile_timeout``: seconds before a candidate
+        is scored invalid; ``runner``: the "module:function" that times one candidate."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
-        result = tune.autotune(self, arrays, backend=_check_backend(backend), **settings)
+        result = tune.autotune(self, arrays, generations=generations, population=population, crossover=crossover,
+                               mutation=mutation, elites=elites, patience=patience, budget=budget, seed=seed,
+                               resume=resume, executor=executor, cache=cache, progress=progress, reps=reps,
+                               run_timeout=run_timeout, compile_timeout=compile_timeout, runner=runner,
+                               backend=_check_backend(backend), time_on=time_on)
         with self._lock:
             self._tuned[(tuple((a.shape, a.strides, a.dtype) for a in arrays), backend)] = (
                 result.options, _tuned_text(time.time(), result.time_s, result.evaluations))
@@ -515,7 +532,8 @@ class GenericKernel:
         """The options a call with these arguments uses (see ``Kernel.options_for``)."""
         return self.kernel(*args).options_for(*args, backend=backend)
 
-    def autotune(self, *args: Any, **settings: Any) -> Any:
+    def autotune(self, *args: Any, **settings: Any) -> tune.TuneResult:
+        """``Kernel.autotune`` (the same keyword parameters) on the def made for these arguments."""
         return self.kernel(*args).autotune(*args, **settings)
 
 

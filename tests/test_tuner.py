@@ -352,3 +352,15 @@ def test_tuning_on_opencl_stores_options_that_later_calls_use(tmp_path: Path):
     assert_sum_close(k(A, B, backend="opencl", options=result.options), np.matmul, A, B, terms=40)
     assert k._tuned_for([A, B], "opencl") == result.options  # later calls on OpenCL take them
     assert T.key_for(k, [A, B], "opencl") != T.key_for(k, [A, B], "c")
+
+
+def test_autotune_spells_out_its_keywords_with_the_searchs_defaults():
+    """``Kernel.autotune`` lists the search's keyword parameters (IDEs and help() show them), with
+    the same defaults as the search itself."""
+    import inspect
+
+    mine = inspect.signature(tc.Kernel.autotune).parameters
+    search = inspect.signature(T.autotune).parameters
+    keywords = [n for n, p in search.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keywords and all(n in mine and mine[n].default == search[n].default for n in keywords), keywords
+    assert "budget" in tc.Kernel.autotune.__doc__ and "patience" in tc.Kernel.autotune.__doc__
