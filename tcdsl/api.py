@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import deepstack, display, gpurt, interp, layout
-from .autodiff import attach, backward_of
+from .autodiff import attach, backward_of, user_backward
 from .codegen import toolchain
 from .codegen.gpu import launch_text
 from .compiler import CKernel, GpuLowered, Lowered, cpu_target, lower, lower_gpu, strides_of
@@ -33,6 +33,7 @@ from .core.checked import CheckedDef
 from .core.errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
 from .core.instance import Instance, accumulate_error, bind_sizes, instantiate
 from .core.options import MappingOptions
+from .core.retype import retyped
 from .core.sema import check_def, check_def_names
 from .explain import Explanation
 from .explain import explain as explain_lowered
@@ -308,6 +309,21 @@ class Kernel:
         inst = self._for_c(self._instance(arrays), opts)
         inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
         return lower(inst, opts, strides_of(inst, inputs), preset(target) if isinstance(target, str) else target)
+
+    def double(self) -> Kernel:
+        """This def with every ``float``/``half`` tensor and cast made ``double`` (float64), with the
+        same backend, options and backward choices: what ``torch.autograd.gradcheck`` checks, since
+        float32's rounding swamps its finite differences."""
+        wider = {"float32": "float64", "float16": "float64"}
+        k = Kernel(check_def(retyped(self.checked.source, wider)), self.backend, self.options)
+        save = getattr(self, "_save", None)
+        if save is not None:
+            attach(k, None, save)
+        user = getattr(self, "_user_backward", None)
+        if user is not None:
+            chosen = check_def(retyped(user[1].checked.source, wider))
+            k._user_backward = (user_backward(k.checked, chosen), Kernel(chosen, self.backend))  # type: ignore[attr-defined]
+        return k
 
     @_stack_safe
     def backward_source(self, wrt: Sequence[str] | None = None) -> str:
@@ -682,7 +698,9 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
         a = _as_array(x, t.name, t.span.location())
         got = T.from_numpy(a.dtype)
         if got != t.dtype:
-            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}",
+            hint = f"; {checked.name}.double() is the def in float64" if (
+                got == "float64" and t.dtype in ("float32", "float16")) else ""
+            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}{hint}",
                                   t.span.location())
         out.append(a)
     return out

@@ -9,7 +9,10 @@ the custom ops ``tcdsl::forward`` / ``tcdsl::backward`` whose autograd runs back
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,8 @@ import torch
 from . import gpurt
 from .autodiff import Backward, attach, backward_of, saved_types
 from .core import dtypes as T
-from .core.errors import TcArgumentError
+from .core.batching import batched
+from .core.errors import TcArgumentError, TcWarning
 from .core.instance import accumulate_error, bind_sizes, instantiate
 from .core.options import MappingOptions
 from .core.printer import definition
@@ -156,6 +160,40 @@ def _backward_fake(key: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
     return [inputs[w].new_empty(inputs[w].shape, dtype=inputs[w].dtype) for w in e.backward.grads]
 
 
+_BATCHED: dict[tuple[str, tuple[str, ...], bool], tuple[str, frozenset[str]]] = {}
+
+
+def _batched_key(key: str, names: tuple[str, ...], train: bool) -> tuple[str, frozenset[str]]:
+    """The forward key of the def of ``key``'s kernel over a leading batch of the inputs ``names``,
+    and the tensors that carry the batch (``core.batching``)."""
+    k = (key, names, train)
+    found = _BATCHED.get(k)
+    if found is None:
+        e = _entry(key)
+        d, carry = batched(e.kernel.checked.source, names)
+        kernel = KERNEL_OF_SOURCE(definition(d), backend=e.kernel.backend)
+        # options are per loop of the def they were made for: the batched def takes its own defaults
+        found = _BATCHED[k] = (_forward_key(kernel, e.backend, None, train), carry)
+    return found
+
+
+def _vmap(info: Any, in_dims: tuple[Any, ...], key: str, args: list[torch.Tensor]) -> tuple[list, list]:
+    """``torch.vmap`` of an op: one kernel of the def batched over a leading index (not a loop of
+    calls); outputs that depend on no batched input come back unbatched."""
+    dims = list(in_dims[1])
+    e = _entry(key)
+    names = tuple(t.name for t, d in zip(e.kernel.checked.inputs, dims) if d is not None)
+    moved = [a.movedim(d, 0) if d is not None else a for a, d in zip(args, dims)]
+    train = torch.is_grad_enabled() and any(a.requires_grad for a in moved)
+    bkey, carry = _batched_key(key, names, train)
+    outs = _forward(bkey, moved)[:len(e.outputs)]
+    return outs, [0 if n in carry else None for n, _ in e.outputs]
+
+
+torch.library.register_vmap(_forward, _vmap)
+torch.library.register_vmap(_backward, _vmap)
+
+
 def _wrt(kernel: Any, needs: list[bool]) -> list[str]:
     return [t.name for t, need in zip(kernel.checked.inputs, needs) if need and T.is_float(t.dtype)]
 
@@ -274,7 +312,9 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
                                       t.span.location())
             a = torch.tensor(a, dtype=want)
         if a.dtype != want:
-            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the tensor has dtype {a.dtype}",
+            hint = (f"; {c.name}.double() is the def in float64" if a.dtype == torch.float64
+                    and want in (torch.float32, torch.float16) else "")
+            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the tensor has dtype {a.dtype}{hint}",
                                   t.span.location())
         if a.device.type not in ("cpu", "cuda"):
             raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
@@ -300,10 +340,44 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     if out is not None:
         return _call_out(kernel, tensors, out, backend, options)
     train = torch.is_grad_enabled() and any(a.requires_grad for a in tensors)
+    if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(tensors) and _under_gradcheck():
+        kernel._gradcheck_told = True
+        warnings.warn(f"gradcheck of def '{kernel.name}' in {_narrow_gradients(tensors)}: its rounding swamps the "
+                      f"finite differences, so the check fails on correct gradients; check {kernel.name}.double() "
+                      "(the def in float64) on float64 tensors instead", TcWarning, stacklevel=_outside_tcdsl())
     key = _forward_key(kernel, backend, options, train)
     n = len(kernel.checked.outputs)
     res = _forward(key, tensors)[:n]
     return res[0] if n == 1 else tuple(res)
+
+
+def _narrow_gradients(tensors: list[torch.Tensor]) -> str:
+    """The narrow float dtype of the tensors that require a gradient ('' if none is narrow)."""
+    return next((str(a.dtype).removeprefix("torch.") for a in tensors
+                 if a.requires_grad and a.dtype in (torch.float32, torch.float16, torch.bfloat16)), "")
+
+
+_GRADCHECK = os.path.join("torch", "autograd", "gradcheck.py")
+
+
+def _under_gradcheck(depth: int = 24) -> bool:
+    """Whether ``torch.autograd.gradcheck`` (or gradgradcheck) is among the callers."""
+    f: Any = sys._getframe(1)
+    while f is not None and depth:
+        if f.f_code.co_filename.endswith(_GRADCHECK):
+            return True
+        f, depth = f.f_back, depth - 1
+    return False
+
+
+def _outside_tcdsl() -> int:
+    """The ``stacklevel`` of a warning that names the first caller outside tcdsl."""
+    here = os.path.dirname(__file__)
+    f: Any = sys._getframe(1)
+    level = 1
+    while f is not None and f.f_code.co_filename.startswith(here):
+        f, level = f.f_back, level + 1
+    return level
 
 
 def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str | None, options: Any) -> Any:
@@ -351,8 +425,10 @@ def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: 
                  options: Any = None) -> Any:
     """A short-form kernel on torch tensors: the def is made from the tensors' dtypes and shapes.
     Under ``torch.compile`` (CPU tensors, no ``out=``) the def is found from those alone, so the
-    graph does not break on looking into the tensors."""
-    if (torch.compiler.is_compiling() and out is None
+    graph does not break on looking into the tensors; so it is under ``torch.vmap``, whose tensors
+    have no storage to look into."""
+    wrapped = any(isinstance(a, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+    if ((torch.compiler.is_compiling() or wrapped) and out is None  # wrapped: under torch.vmap, no storage
             and all(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)):
         sig = tuple((_NUMPY_OF[a.dtype], tuple(a.shape)) for a in args)
         train = torch.is_grad_enabled() and any(a.requires_grad for a in args)

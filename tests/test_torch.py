@@ -365,3 +365,36 @@ def test_short_form_kernels_compile_without_graph_breaks() -> None:
     y.sum().backward()
     mask = (want > 1).float()
     assert_sum_close(a.grad.numpy(), lambda M, B: M @ B.T, mask.numpy(), _np(b), terms=3)
+
+
+@pytest.mark.cpu
+def test_gradcheck_in_float32_points_to_double() -> None:
+    import warnings
+
+    src = "def mms(float(M,K) A, float(K,N) B) -> (C) { T(m,n) +=! A(m,r_k) * B(r_k,n)\n C(m,n) = T(m,n) * float(2) }"
+    k = tc.define(src, save=["T"])
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 4, generator=g, requires_grad=True)
+    B = torch.randn(4, 5, generator=g, requires_grad=True)
+    with warnings.catch_warnings(record=True) as seen:  # torch warns too (UserWarning): record them all
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="Jacobian mismatch"):  # GradcheckError
+            torch.autograd.gradcheck(k, (A, B))
+    told = [w for w in seen if issubclass(w.category, tc.TcWarning)]
+    assert len(told) == 1 and "mms.double()" in str(told[0].message) and "float32" in str(told[0].message)
+    with pytest.raises(TcArgumentError, match=r"float64; mms\.double\(\) is the def in float64"):
+        k(A.double(), B.double())
+    with pytest.raises(TcArgumentError, match=r"mms\.double\(\)"):
+        k(A.detach().double().numpy(), B.detach().double().numpy())
+    # the float64 twin: every type and cast widened, the save choice kept; gradcheck passes
+    k64 = k.double()
+    assert str(k64).startswith("def mms(float64(M, K) A, float64(K, N) B) -> (C)") and "float64(2)" in str(k64)
+    head = k.backward_source().splitlines()[0]
+    assert k64._save == ["T"]  # the save choice is kept
+    assert k64.backward_source().splitlines()[0] == head.replace("float32", "float64")
+    assert "float32" not in k64.backward_source()
+    A64, B64 = (x.detach().double().requires_grad_() for x in (A, B))
+    assert torch.autograd.gradcheck(k64, (A64, B64))
+    # a hand-written backward is widened with it
+    user = tc.define(CASES[0].source.replace("double", "float"), backward=BWD_SCALED.replace("double", "float"))
+    assert user.double().backward_source().startswith("def matmul_grad(float64(M, K) A, float64(K, N) B")
