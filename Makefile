@@ -11,7 +11,7 @@ POCL_ICD := /etc/OpenCL/vendors/pocl.icd
 # laid out like the installed package (tcdsl/core -> core/, tcdsl/grammar -> grammar/, ...).
 TYPETREE := build/typecheck
 
-.PHONY: venv demo test lint sysdeps clean
+.PHONY: venv demo test lint docs sysdeps clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,13 @@ lint: venv
 	(set -x; $(VPY) -m mypy $(TYPETREE)/tcdsl) || status=1; \
 	exit $$status
 
+# The documentation site: the API reference from the docstrings, the README and the notebooks with
+# their stored outputs, as HTML in docs/_build/html.  Any Sphinx warning fails the target; -E reads
+# every page again (Sphinx does not see a changed docstring, and would not repeat an old warning).
+docs: venv
+	$(VPY) -m sphinx -b html -W --keep-going -E -j 1 -q docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 # PoCL runs the OpenCL form of the GPU kernels on the CPU.  Cheap when already installed.
 sysdeps:
 	@if [ -e $(POCL_ICD) ]; then \
@@ -52,5 +59,5 @@ sysdeps:
 	fi
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis docs/_build docs/_notebooks
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

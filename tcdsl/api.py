@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -30,7 +30,16 @@ from .core import ast as A
 from .core import dtypes as T
 from .core import knobs, limits
 from .core.checked import CheckedDef
-from .core.errors import Location, SourceFile, TcArgumentError, TcError, TcSemanticError, TcSyntaxError, locate
+from .core.errors import (
+    Location,
+    SourceFile,
+    TcArgumentError,
+    TcError,
+    TcSemanticError,
+    TcSyntaxError,
+    did_you_mean,
+    locate,
+)
 from .core.instance import Instance, accumulate_error, bind_sizes, instantiate
 from .core.options import MappingOptions
 from .core.retype import retyped
@@ -575,7 +584,17 @@ def _size_pattern(arrays: list[np.ndarray]) -> tuple:
 
 
 class Library(SimpleNamespace):
-    """The kernels of a multi-def source, by def name (attributes, ``lib["name"]``, iteration)."""
+    """The kernels of a multi-def source, by def name (attributes, ``lib["name"]``, iteration); type
+    checkers see every attribute as a ``Kernel``."""
+
+    if TYPE_CHECKING:  # SimpleNamespace's stub types unknown attributes as Any
+        def __getattribute__(self, name: str) -> Kernel: ...
+
+    def __getattr__(self, name: str) -> Kernel:  # only for names that are not attributes: no such def
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"the source has no def '{name}'{did_you_mean(name, vars(self))} (its defs: "
+                             f"{', '.join(vars(self))})")
 
     def __getitem__(self, name: str) -> Kernel:
         try:
@@ -595,23 +614,53 @@ class Library(SimpleNamespace):
                        for name, k in vars(self).items())
 
 
+@overload
+def define(source: str, *, entry: str, filename: str = ..., backend: str | None = ...,
+           backward: str | None = ..., save: Any = ...) -> Kernel: ...
+@overload
+def define(source: str, *, outputs: Sequence[str], filename: str = ..., backend: str | None = ...) -> ShortForm: ...
+@overload
+def define(source: str, *, filename: str = ..., backend: str | None = ..., backward: str | None = ...,
+           save: Any = ...) -> Any: ...
+
+
 @_user_facing
-def define(source: str, *, filename: str = "<string>", outputs: Sequence[str] | None = None,
-           backend: str | None = None, backward: str | None = None, save: Any = None) -> Any:
-    """Compile TC text. One def -> a ``Kernel``; several -> a ``Library``; statements without a
-    ``def`` header -> a decorator that takes the input names from the decorated function.
-    ``backward`` is TC text of hand-written backward defs (``NAME_grad``, or the only def) used by
-    PyTorch autograd instead of derived ones; ``save`` names the temporaries the forward keeps for
-    the derived backward (a list: exactly those; a dict: overrides of the default choice)."""
+def define(source: str, *, entry: str | None = None, filename: str = "<string>",
+           outputs: Sequence[str] | None = None, backend: str | None = None, backward: str | None = None,
+           save: Any = None) -> Kernel | Library | ShortForm:
+    """Compile TC text.
+
+    - A source with one def gives a ``Kernel``; with several, a ``Library`` (one kernel per def, by
+      name); ``entry=NAME`` picks the kernel of one def out of several.
+    - Statements without a ``def`` header give a decorator (``ShortForm``) that takes the input
+      names from the decorated function; ``outputs`` names its outputs (default: every tensor
+      written and never read).
+    - ``backward`` is TC text of hand-written backward defs (``NAME_grad``, or the only def) used by
+      PyTorch autograd instead of derived ones; ``save`` names the temporaries the forward keeps for
+      the derived backward (a list: exactly those; a dict: overrides of the default choice).
+
+    Which of these a source gives depends on its text, so type checkers see ``define(src,
+    entry=NAME)`` as a ``Kernel`` and a plain ``define(src)`` as ``Any``: annotate the result
+    (``mm: tc.Kernel = tc.define(...)``, ``lib: tc.Library = ...``) to have it checked."""
     if not isinstance(source, str):
         raise TypeError("tc.define takes TC source text")
     if is_short_form(source):
-        if backward is not None or save is not None:
-            raise TcArgumentError("backward= and save= need a source with a def header")
+        if backward is not None or save is not None or entry is not None:
+            raise TcArgumentError("backward=, save= and entry= need a source with a def header")
         return ShortForm(source, filename, outputs, backend)
+    if outputs is not None:
+        raise TcArgumentError("outputs= names the outputs of statements without a def header; a def names its "
+                              "own after '->'")
     module = parse(source, filename)
     check_def_names(module)
-    kernels = _kernels_of(module.defs, backend)
+    defs = module.defs
+    if entry is not None:
+        names = [d.name.name for d in defs]
+        if entry not in names:
+            raise TcArgumentError(f"entry={entry!r} names no def of the source{did_you_mean(entry, names)} (its "
+                                  f"defs: {', '.join(names)})")
+        defs = tuple(d for d in defs if d.name.name == entry)
+    kernels = _kernels_of(defs, backend)
     if backward is not None or save is not None:
         for k in kernels:
             if k._deep:
@@ -698,8 +747,8 @@ def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]
         a = _as_array(x, t.name, t.span.location())
         got = T.from_numpy(a.dtype)
         if got != t.dtype:
-            hint = f"; {checked.name}.double() is the def in float64" if (
-                got == "float64" and t.dtype in ("float32", "float16")) else ""
+            hint = f" (convert it with .astype(np.{t.dtype}), or call {checked.name}.double(), the def in float64)" \
+                if got == "float64" and t.dtype in ("float32", "float16") else ""
             raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}{hint}",
                                   t.span.location())
         out.append(a)

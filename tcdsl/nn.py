@@ -1,6 +1,6 @@
 """PyTorch modules from defs: a ``Kernel`` (or TC text) and parameter shapes -> ``torch.nn.Module``.
 
-Inputs named as parameters become ``nn.Parameter``s of the module; the others are the module's
+Inputs named as parameters become ``nn.Parameter`` objects of the module; the others are the module's
 call arguments, in the def's order. Gradients come from the kernel's backward def.
 """
 

@@ -312,8 +312,8 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
                                       t.span.location())
             a = torch.tensor(a, dtype=want)
         if a.dtype != want:
-            hint = (f"; {c.name}.double() is the def in float64" if a.dtype == torch.float64
-                    and want in (torch.float32, torch.float16) else "")
+            hint = (f" (convert it with .to(torch.{t.dtype}), or call {c.name}.double(), the def in float64)"
+                    if a.dtype == torch.float64 and want in (torch.float32, torch.float16) else "")
             raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the tensor has dtype {a.dtype}{hint}",
                                   t.span.location())
         if a.device.type not in ("cpu", "cuda"):

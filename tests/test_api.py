@@ -87,6 +87,33 @@ def test_library_missing_name_is_key_error() -> None:
         lib["nope"]
 
 
+def test_entry_picks_one_def_and_attributes_suggest() -> None:
+    names = [k.name for k in tc.define(LIB_SRC)]
+    k = tc.define(LIB_SRC, entry=names[1])
+    assert isinstance(k, tc.Kernel) and k.name == names[1]
+    with pytest.raises(tc.TcArgumentError, match=f"did you mean '{names[0]}'"):
+        tc.define(LIB_SRC, entry=names[0] + "x")
+    with pytest.raises(AttributeError, match=f"no def '{names[0]}x'; did you mean '{names[0]}'"):
+        getattr(tc.define(LIB_SRC), names[0] + "x")
+    with pytest.raises(tc.TcArgumentError, match="outputs= names the outputs of statements without a def header"):
+        tc.define(LIB_SRC, outputs=["Y"])  # was ignored
+    with pytest.raises(tc.TcArgumentError, match="entry= need"):
+        tc.define("C(i) = A(i)", entry="f")
+
+
+def test_define_overloads_tell_type_checkers_what_comes_back() -> None:
+    import typing
+
+    from tcdsl import api
+
+    returns = [typing.get_type_hints(o, vars(api))["return"] for o in typing.get_overloads(api.define)]
+    assert returns == [tc.Kernel, api.ShortForm, typing.Any]
+    hints = typing.get_type_hints(api.Library.__getattribute__, vars(api)) if hasattr(
+        api.Library.__getattribute__, "__annotations__") else {}
+    assert typing.get_type_hints(api.Library.__getattr__, vars(api))["return"] is tc.Kernel
+    assert hints.get("return", tc.Kernel) is tc.Kernel
+
+
 def test_library_duplicate_def_names_raise() -> None:
     src = ("def a(float(N) X) -> (Y) { Y(i) = X(i) * 2.0 }\n"
            "def a(float(N) X) -> (Y) { Y(i) = X(i) + 1.0 }\n")
@@ -547,7 +574,8 @@ def test_rank_error(mmx: tc.Kernel) -> None:
 def test_dtype_error(mmx: tc.Kernel) -> None:
     with pytest.raises(tc.TcArgumentError) as ei:
         mmx(np.ones((2, 3), np.float64), np.ones((3, 2), np.float32))
-    assert ei.value.message == "'A' is declared float32 but the argument has dtype float64"
+    assert ei.value.message == ("'A' is declared float32 but the argument has dtype float64 (convert it with "
+                                ".astype(np.float32), or call mmx.double(), the def in float64)")
     assert (ei.value.location.line, ei.value.location.col) == (2, 5)
     for dt in (np.float16, np.int32, np.complex64, np.bool_):
         msg = f"'B' is declared float32 but the argument has dtype {np.dtype(dt)}"
