@@ -18,12 +18,19 @@ def tree_text(sched: isl.Schedule) -> str:
     return "\n".join(lines)
 
 
+def _body(obj: isl.Map | isl.Set) -> str:
+    """``[p_M] -> { S1[i0] : ... }`` as ``S1[i0] : ...``: the parameters are the domain's, printed once."""
+    text = str(obj)
+    _, arrow, rest = text.partition("-> {") if text.startswith("[") else ("", "", text.lstrip("{"))
+    return rest.strip().removesuffix("}").strip() if arrow or text.startswith("{") else text
+
+
 def _maps(u: isl.UnionMap | isl.UnionSet) -> list[str]:
     items: list[str] = []
     if isinstance(u, isl.UnionMap):
-        u.foreach_map(lambda m: items.append(str(m).strip("{} ")))
+        u.foreach_map(lambda m: items.append(_body(m)))
     else:
-        u.foreach_set(lambda s: items.append(str(s).strip("{} ")))
+        u.foreach_set(lambda s: items.append(_body(s)))
     return sorted(items)
 
 
@@ -31,7 +38,9 @@ def _node(node: isl.ScheduleNode, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     t = node.get_type()
     if t == isl.schedule_node_type.domain:
-        out.append(f"{pad}domain")
+        space = node.domain_get_domain().get_space()
+        params = [space.get_dim_name(isl.dim_type.param, i) for i in range(space.dim(isl.dim_type.param))]
+        out.append(f"{pad}domain" + (f" [{', '.join(params)}]" if params else ""))
         for s in _maps(node.domain_get_domain()):
             out.append(f"{pad}  | {s}")
     elif t == isl.schedule_node_type.band:

@@ -386,7 +386,7 @@ class Kernel:
         arrays = self._view_arrays(args, "c")
         choice = self._choice(arrays, "c", options)
         tree = tree_text(self._lowered(arrays, choice.options, None).final)
-        return display.Preformatted(f"# {choice.header()}\n{tree}")
+        return display.ScheduleTree(f"# {choice.header()}\n{tree}")
 
     @_stack_safe
     def explain(self, *args: Any, options: MappingOptions | None = None) -> Explanation:

@@ -1,7 +1,7 @@
 """Rich display: ``text -> HTML`` for notebooks (Jupyter calls ``_repr_html_``), a leaf module any
 layer may print with. A def, highlighted (keywords, types, reductions, the def's name, the range
-comments); a tuning result as a summary table, its options (``MappingOptions._repr_html_``) and
-its plot. Printers only: every decision they show was made before.
+comments); a schedule tree as nested, foldable nodes; a tuning result as a summary table, its
+options (``MappingOptions._repr_html_``) and its plot. Printers only: every decision they show was made before.
 """
 
 from __future__ import annotations
@@ -40,6 +40,47 @@ class Preformatted(str):
 
     def __reduce__(self) -> tuple:
         return (Preformatted, (str(self),))
+
+
+_NODE_STYLE = {"domain": "color:#6f42c1", "band": "color:#005cc5", "filter": "color:#22863a", "mark": "color:#e36209",
+               "sequence": "color:#6a737d", "set": "color:#6a737d"}
+
+
+class ScheduleTree(Preformatted):
+    """A schedule tree as ``treeprint`` prints it (a node per line, indented by depth, ``| `` lines
+    holding its sets and maps); a notebook shows it as nested, foldable nodes coloured by kind."""
+
+    def _repr_html_(self) -> str:
+        lines = self.split("\n")
+        head = [ln for ln in lines if ln.startswith("#")]
+        nodes: list[tuple[int, str, list[str]]] = []  # (depth, node line, its | lines)
+        for ln in lines:
+            body = ln.lstrip(" ")
+            if ln.startswith("#") or not body:
+                continue
+            if body.startswith("| ") and nodes:
+                nodes[-1][2].append(body[2:])
+            else:
+                nodes.append(((len(ln) - len(body)) // 2, body, []))
+        out = ["<div style='font-family:monospace'>"]
+        out += [f"<div style='color:#6a737d'>{html.escape(h)}</div>" for h in head]
+        depth = -1
+        for d, line, details in nodes:
+            while depth >= d:
+                out.append("</details>")
+                depth -= 1
+            kind = line.split(" ", 1)[0]
+            title = (f"<span style='{_NODE_STYLE.get(kind, '')};font-weight:bold'>{html.escape(kind)}</span>"
+                     f"{html.escape(line[len(kind):])}")
+            out.append(f"<details open style='margin-left:{1.2 if d else 0}em'><summary>{title}</summary>")
+            out += [f"<div style='margin-left:2.2em;color:#444;white-space:pre'>{html.escape(x)}</div>"
+                    for x in details]
+            depth = d
+        out += ["</details>"] * (depth + 1) + ["</div>"]
+        return "".join(out)
+
+    def __reduce__(self) -> tuple:
+        return (ScheduleTree, (str(self),))
 
 
 def tune_result(result: Any) -> str:

@@ -42,11 +42,25 @@ def test_explain_is_text_and_a_table_of_loops_named_by_the_defs_indices() -> Non
     assert again == e and again.rows == e.rows
 
 
-def test_the_schedule_tree_and_the_code_show_as_text() -> None:
+def test_the_schedule_tree_folds_by_node_and_the_code_shows_as_text() -> None:
     k = tc.define(MM)
     A, B = np.ones((16, 8), np.float32), np.ones((8, 12), np.float32)
     tree, code = k.schedule(A, B), k.source(A, B)
-    assert tree.startswith("# options: ") and tree._repr_html_().startswith("<pre># options: ")
+    assert tree.startswith("# options: ") and "domain [p_M, p_K, p_N]\n" in tree
+    assert "-> {" not in tree and not any(ln.rstrip().endswith("}") for ln in tree.splitlines())  # bodies only
+    page = tree._repr_html_()
+    nodes = [ln.strip() for ln in tree.splitlines()[1:] if not ln.strip().startswith("|")]
+    assert page.count("<details open") == page.count("</details>") == len(nodes)
+    # each node nests in the one above it with less indentation: the tree's shape survives
+    depth, deepest = 0, 0
+    for tag in page.replace("<details open", "\0<").replace("</details>", "\0>").split("\0")[1:]:
+        depth += 1 if tag.startswith("<") else -1
+        deepest = max(deepest, depth)
+    indents = [(len(ln) - len(ln.lstrip())) // 2 for ln in tree.splitlines()[1:] if not ln.strip().startswith("|")]
+    assert depth == 0 and deepest == max(indents) + 1
+    assert "<span style='color:#005cc5;font-weight:bold'>band</span>" in page and "&lt;= i0 &lt;=" in page
+    assert "<span style='color:#e36209;font-weight:bold'>mark</span> register_tile" in page
+    assert pickle.loads(pickle.dumps(tree)) == tree and type(pickle.loads(pickle.dumps(tree))) is type(tree)
     assert "&lt;math.h&gt;" in code._repr_html_() and pickle.loads(pickle.dumps(code)) == code
 
 
