@@ -210,12 +210,17 @@ class GeneticSearch:
         evaluate: Evaluate,
         config: GAConfig = _DEFAULT_CONFIG,
         seeds: Sequence[Genome] = (),
+        viable: Callable[[Genome], bool] | None = None,
     ) -> None:
-        self._setup(space, evaluate, config)
+        self._setup(space, evaluate, config, viable)
         self._population = self._first_population([space._check(s) for s in seeds])
 
-    def _setup(self, space: Space, evaluate: Evaluate, config: GAConfig) -> None:
+    def _setup(self, space: Space, evaluate: Evaluate, config: GAConfig,
+               viable: Callable[[Genome], bool] | None = None) -> None:
         self.space = space
+        # genomes not worth evaluating (a register tile that would spill) are drawn again, up to
+        # _RETRIES times per slot, so that they do not fill the population
+        self.viable = viable or (lambda _g: True)
         self.evaluate = evaluate
         self.config = config
         self._rng = random.Random(config.seed)
@@ -345,9 +350,11 @@ class GeneticSearch:
             rest = [g for g in self.space._all() if g not in seen]
             self._rng.shuffle(rest)
             return population + rest
+        tries = 0
         while len(population) < target:
             g = self.space.random(self._rng)
-            if g not in seen:
+            tries += 1
+            if g not in seen and (self.viable(g) or tries > _RETRIES * target):
                 population.append(g)
                 seen.add(g)
         return population
@@ -369,16 +376,17 @@ class GeneticSearch:
         return population
 
     def _distinct_child(self, seen: set[Genome]) -> Genome | None:
-        """A child not in ``seen``: bred if possible, else a random genome (an immigrant), else None."""
-        for _ in range(_RETRIES):
-            child = self._child()
-            if child not in seen:
-                return child
-        for _ in range(_RETRIES):
-            child = self.space.random(self._rng)
-            if child not in seen:
-                return child
-        return None
+        """A viable child not in ``seen``: bred if possible, else a random genome (an immigrant), else
+        any new one, else None."""
+        fallback = None
+        for make in (self._child, lambda: self.space.random(self._rng)):
+            for _ in range(_RETRIES):
+                child = make()
+                if child not in seen:
+                    if self.viable(child):
+                        return child
+                    fallback = fallback or child
+        return fallback
 
     def _child(self) -> Genome:
         rng = self._rng
@@ -430,7 +438,8 @@ class GeneticSearch:
         }
 
     @classmethod
-    def from_state(cls, space: Space, evaluate: Evaluate, config: GAConfig, state: Mapping[str, Any]) -> GeneticSearch:
+    def from_state(cls, space: Space, evaluate: Evaluate, config: GAConfig, state: Mapping[str, Any],
+                   viable: Callable[[Genome], bool] | None = None) -> GeneticSearch:
         """The search checkpointed in ``state``; the space must have the same gene names and choice counts."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported genetic-search state version {state.get('version')!r}")
@@ -438,7 +447,7 @@ class GeneticSearch:
         if [list(x) for x in state["genes"]] != genes:
             raise ValueError(f"the state was taken on a different space: {state['genes']!r} vs {genes!r}")
         search = cls.__new__(cls)
-        search._setup(space, evaluate, config)
+        search._setup(space, evaluate, config, viable)
         search._number = int(state["generation"])
         search._evaluated = bool(state["evaluated"])
         search._population = [space._check(g) for g in state["population"]]

@@ -14,6 +14,7 @@ import functools
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -213,8 +214,9 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
 
     try:
         state = cache.load_checkpoint(key) if resume else None
-        search = (GeneticSearch.from_state(space, evaluate, config, state) if state is not None
-                  else GeneticSearch(space, evaluate, config, seeds))
+        viable = functools.partial(_viable, space)
+        search = (GeneticSearch.from_state(space, evaluate, config, state, viable) if state is not None
+                  else GeneticSearch(space, evaluate, config, seeds, viable))
         result = search.run(on_generation)
         if result.stopped == "interrupted":  # the generation cut short: what it measured counts too
             for g, cost in evaluate.scored.items():
@@ -349,6 +351,10 @@ def _decision(candidate: MappingOptions, stopped: str, evaluator: Evaluator) -> 
     return sequential(lambda r: evaluator.pair(candidate, defaults, r))
 
 
+def _viable(space: S.Space, genome: S.Genome) -> bool:
+    return S.prune(space, genome) is None
+
+
 class _Progress:
     """A tqdm bar (terminal or Jupyter), silent without tqdm or when disabled, moved by every
     candidate: over the candidates the search may evaluate, or, with a budget, over its seconds (so
@@ -361,15 +367,24 @@ class _Progress:
         self.deadline, self.budget, self.generations = deadline, budget, generations
         self.best, self.invalid, self.skipped, self.gen = math.inf, 0, 0, 1
         candidates = generations * population
+        self.shown: Any = None  # in a notebook: the display of the bar's widget, updated when it closes
         if enabled:
             try:
                 from tqdm.auto import tqdm
 
+                notebook = sys.modules.get("tqdm.notebook")  # imported by tqdm.auto only inside a notebook
+                widget = notebook is not None and issubclass(tqdm, notebook.tqdm)
+                kw: dict[str, Any] = {"display": False} if widget else {}
                 if budget is not None:
                     self.bar = tqdm(total=round(budget, 1), desc="tuning", unit="s",
-                                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{remaining} left{postfix}]")
+                                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{remaining} left{postfix}]", **kw)
                 else:
-                    self.bar = tqdm(total=candidates, desc="tuning", unit="cand")
+                    self.bar = tqdm(total=candidates, desc="tuning", unit="cand", **kw)
+                if widget:
+                    from IPython.display import display
+
+                    self.shown = display(self.bar.container, display_id=True)
+                    self.bar.displayed = True
             except ImportError:
                 pass
 
@@ -394,3 +409,5 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.shown is not None:  # the saved notebook's text form shows the final bar, not the first
+            self.shown.update(self.bar.container)
