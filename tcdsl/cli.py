@@ -1,7 +1,8 @@
 """The ``tcdsl`` command line: ``check`` prints each def checked, with its ranges; ``compile`` prints
 the generated C, the schedule or the explanation; ``grad`` prints the derived backward def; ``tune``
-searches and stores mapping options; ``cache`` lists, forgets, exports and imports what searches
-stored, and shows what the caches hold on disk.
+searches and stores mapping options; ``bench`` times a kernel (default and tuned options) against
+numpy's einsum of the same def; ``cache`` lists, forgets, exports and imports what searches stored,
+and shows what the caches hold on disk.
 
 Errors are printed located (file:line:col, the source line, a caret) with exit status 1.
 """
@@ -17,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from . import deepstack, tuning
-from .api import _kernels_of
+from . import bench, deepstack, tuning
+from .api import _kernels_of, default_backend
 from .core import knobs, limits
 from .core.errors import TcArgumentError, TcError, did_you_mean
 from .core.options import MappingOptions
@@ -130,6 +131,21 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    kernel = _entry(args)
+    options = _options(args.options) if args.options else None
+    rng = np.random.default_rng(args.seed)
+    arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
+    sizes = ",".join(f"{k}={v}" for k, v in args.sizes.items())
+    hint = f"tcdsl tune {args.file} --entry {args.entry}" + (f" --sizes {sizes}" if sizes else "")
+    report = bench.run(kernel, arrays, rounds=args.rounds, backend=args.backend or default_backend(), options=options,
+                       threads=args.threads, tune_hint=hint)
+    print(report)
+    for problem in report.problems:
+        print(f"tcdsl: MISMATCH: {problem}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
 def _grad(args: argparse.Namespace) -> int:
     kernel = _entry(args)
     wrt = [w.strip() for w in args.wrt.split(",") if w.strip()] if args.wrt else None
@@ -238,6 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c",
                       help="where the kernel runs: c (default), opencl or cuda")
     tune.set_defaults(run=_tune)
+    ben = sub.add_parser("bench", help="time one def's kernel (default and tuned options) against numpy's einsum "
+                                        "of the same def")
+    ben.add_argument("file", metavar="FILE.tc", help="the TC file holding the def")
+    ben.add_argument("--entry", help="the def to time (default: the only one)")
+    ben.add_argument("--sizes", type=_sizes, default={}, help="size symbols, e.g. M=512,N=512,K=512")
+    ben.add_argument("--rounds", type=int, default=bench.ROUNDS,
+                     help=f"interleaved rounds; each times every variant once (default {bench.ROUNDS})")
+    ben.add_argument("--backend", choices=("c", "numpy"),
+                     help="where the kernel runs: c (the default where a C compiler exists) or numpy (the "
+                          "reference interpreter)")
+    ben.add_argument("--options", help="mapping options as JSON, timed as one more variant, e.g. "
+                                       "'{\"tile\": [32, 32, 32]}'")
+    ben.add_argument("--threads", type=int, help="threads for the kernels and numpy's BLAS alike (default: "
+                                                 "what they use now; needs threadpoolctl)")
+    ben.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    ben.set_defaults(run=_bench)
     cache = sub.add_parser("cache", help="list, forget, export or import tuned options; show what the caches hold")
     cache.add_argument("action", choices=("list", "forget", "export", "import", "clear", "du"),
                        help="list: the stored results; forget: those of --entry and/or --backend; export FILE / "

@@ -24,7 +24,7 @@ import numpy as np
 from .core import dtypes as T
 from .core.affine import FloorDiv, Sym, Var, bounds
 from .core.builtins import BUILTINS
-from .core.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, reads
+from .core.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, Statement, TExpr, Unop, reads
 from .core.errors import TcRangeError, TcRuntimeError
 from .core.instance import BoundStmt, Guard, Instance
 
@@ -408,6 +408,49 @@ def _product(e: TExpr, out: list[TExpr]) -> bool:
         out.append(e)
         return True
     return False
+
+
+EINSUM_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def einsum_form(s: Statement) -> tuple[str, tuple[str, ...], float] | str:
+    """The statement as ``np.einsum`` over whole tensors: (subscripts, the tensor of each operand,
+    the product of its constant factors) when its right side is a product of reads and float
+    constants, each read subscripted by plain indices (``A(m,r_k)``; not ``A(i+1)``, not a gather),
+    summed over its reduction indices (``+=``, ``+=!``) or not reduced (``=``); else why not, as a
+    phrase. The index ranges are not checked: einsum runs over whole tensors."""
+    if s.op not in ("+", "="):
+        return f"statement {s.number} reduces with '{s.op}=', einsum only sums"
+    if s.op == "=" and s.reductions:
+        return f"statement {s.number} assigns with '=' over the reduction indices {', '.join(s.reductions)}"
+    factors: list[TExpr] = []
+    if not _product(s.rhs, factors):
+        return f"the right side of statement {s.number} is not a product of tensor reads and float constants"
+    if len(s.indices) > len(EINSUM_LETTERS):
+        return f"statement {s.number} has more indices than einsum has letters"
+    letter = dict(zip(s.indices, EINSUM_LETTERS))
+    specs: list[str] = []
+    tensors: list[str] = []
+    scale = 1.0
+    for f in factors:
+        if isinstance(f, Const):
+            scale *= float(f.value)
+            continue
+        assert isinstance(f, Read)
+        spec = ""
+        for sub in f.subs:
+            atom = sub.terms[0][0] if isinstance(sub, Sym) and sub.is_atomic() and sub.terms else None
+            if not (isinstance(atom, Var) and atom.name in letter):
+                at = sub if isinstance(sub, Sym) else "a gathered index"
+                return f"'{f.tensor}' is read at {at}, not a plain index"
+            spec += letter[atom.name]
+        specs.append(spec)
+        tensors.append(f.tensor)
+    unread = [i for i in s.indices if not any(letter[i] in spec for spec in specs)]
+    if not specs or unread:
+        return f"index '{unread[0]}' of statement {s.number} subscripts no read" if unread else \
+            f"statement {s.number} reads no tensor"
+    return ",".join(specs) + "->" + "".join(letter[i] for i in s.lhs), tuple(tensors), scale
 
 
 def _view(arr: np.ndarray, r: Read, lo: dict[str, int], ext: dict[str, int],
