@@ -25,9 +25,11 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VPY) examples/demo.py
 
-# Any non-zero pytest exit fails the target, 5 ("no tests collected") included.
+# Any non-zero pytest exit fails the target, 5 ("no tests collected") included.  The tests run in
+# worker processes, one per core up to 4 (pytest-xdist): most of their time is spent in the C
+# compiler, one core each.
 test: venv sysdeps
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -n auto --maxprocesses 4
 
 lint: venv
 	@rm -rf $(TYPETREE) && mkdir -p $(TYPETREE)/tcdsl

@@ -340,7 +340,8 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     if out is not None:
         return _call_out(kernel, tensors, out, backend, options)
     train = torch.is_grad_enabled() and any(a.requires_grad for a in tensors)
-    if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(tensors) and _under_gradcheck():
+    if (train and "_gradcheck_told" not in kernel.__dict__ and not torch.compiler.is_compiling()
+            and _narrow_gradients(tensors) and _under_gradcheck()):
         kernel._gradcheck_told = True
         warnings.warn(f"gradcheck of def '{kernel.name}' in {_narrow_gradients(tensors)}: its rounding swamps the "
                       f"finite differences, so the check fails on correct gradients; check {kernel.name}.double() "
@@ -421,14 +422,18 @@ def _generic_key(generic: Any, sig: tuple[tuple[str, tuple[int, ...]], ...], bac
     return _forward_key(kernel, backend or generic.backend, options, train)
 
 
+def _functorch_wrapped(args: tuple[Any, ...]) -> bool:
+    """Whether a tensor is one of functorch's wrappers (``torch.vmap``'s batched tensors)."""
+    return any(isinstance(a, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+
+
 def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None,
                  options: Any = None) -> Any:
     """A short-form kernel on torch tensors: the def is made from the tensors' dtypes and shapes.
     Under ``torch.compile`` (CPU tensors, no ``out=``) the def is found from those alone, so the
     graph does not break on looking into the tensors; so it is under ``torch.vmap``, whose tensors
     have no storage to look into."""
-    wrapped = any(isinstance(a, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
-    if ((torch.compiler.is_compiling() or wrapped) and out is None  # wrapped: under torch.vmap, no storage
+    if ((torch.compiler.is_compiling() or _functorch_wrapped(args)) and out is None  # under torch.vmap: no storage
             and all(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)):
         sig = tuple((_NUMPY_OF[a.dtype], tuple(a.shape)) for a in args)
         train = torch.is_grad_enabled() and any(a.requires_grad for a in args)
