@@ -229,7 +229,7 @@ class _Emitter(Facts):
             w.raw(vector_math_decls())
         uses_exp = any(re.search(r"\b(exp|sigmoid)\s*\(", print_stmt(st.source)) for st in self.c.stmts)
         self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None and \
-            "exp" not in vectile.libmvec_calls(self)
+            not vectile.libmvec_exp(self)
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
         if any(isinstance(n, LTranspose) for n in walk(ir.body)):
             w.raw(transpose.HELPER)

@@ -9,11 +9,12 @@ each vector of such a loop calls the out-of-line vector ``exp``, and every call 
 vector register; written out, ``exp`` is inlined and its constants stay in registers (softmax
 1.12 -> 0.95 ms on 2 threads). The arithmetic is the scalar loop's, lane by lane: with ``+ - * /``
 both give the same bits, and with ``exp`` where the scalar loop calls the layer's ``exp`` as its
-vector variant (x86 with GCC: codegen.c.vector_exp; elsewhere it calls libm's expf). ``tanh`` and
-``log`` are codegen.vecisa's (within 2 and 1 ulp, where libm's are within 4), so they may differ
-from the scalar loop's in the last bits. Where the
-kernel declares glibc's vector math (libmvec: x86-64), a loop with ``tanh`` or ``log`` keeps its
-simd form, which calls libmvec's vector variants, faster there (codegen.vectile.LIBMVEC_CALLS).
+vector variant (x86 with GCC on AVX-512: codegen.c.vector_exp; elsewhere libm's or libmvec's
+expf). ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp, where libm's and libmvec's
+are within 4), so they may differ from the scalar loop's in the last bits; they are used where
+libmvec has vector variants too, as fast or faster in these loops and never falling back to
+scalar calls on special lanes (codegen.vectile.LOOP_CALLS). A loop with ``exp`` keeps its simd
+form where libmvec's expf is the faster (codegen.vectile.libmvec_exp: AVX2 and older).
 
 A trip count that is not a whole number of vectors ends with a vector overlapping the one before
 it, which recomputes and rewrites the same values; where a statement of the loop reads what one

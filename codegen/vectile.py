@@ -58,20 +58,19 @@ OPS = {"+": "+", "-": "-", "*": "*"}
 LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
 REDUCTIONS = ("+", "*", "max", "min")
 LOOP_CALLS = ("exp", "tanh", "log", "sigmoid")  # float32 builtins with a vector form (codegen.vecisa)
-# ... that glibc's libmvec has too: where the kernel declares it (the emitter's ``vector_math``), the
-# scalar simd loop calls its vector variant, at least as fast as the layer's (AVX-512: logf 0.32 vs
-# 0.41 ns, tanhf 0.38 vs 0.45 ns per element; AVX2: logf 0.41 vs 0.56, tanhf equal), so the loop
-# keeps that form; elsewhere (NEON, clang, other C libraries) each lane would call libm
-LIBMVEC_CALLS = ("tanh", "log")
-# exp too, except on AVX-512, where the layer's (with vscalefps) is the faster: 0.22 against 0.31 ns
-# per element; AVX2 0.55 against 0.41, SSE2 1.31 against 0.89 ns
+# A pointwise loop calls the layer's tanh and log, written out, even where glibc's libmvec has
+# vector variants: they are as fast or faster there and more accurate (16M elements of f(A*B + C),
+# 2 threads: tanh AVX2 15.3 against 21.8 ms, AVX-512 8.4 against 9.0; log 0.82 ulp against 3.9, at
+# the same speed), and libmvec's take a scalar path for a whole vector when one lane is special:
+# log of inputs with negatives (NaN lanes) ran 4 to 6x slower (AVX2 51.6 against 12.8 ms).
 
 
-def libmvec_calls(em: Facts) -> tuple[str, ...]:
-    """The builtins whose libmvec variant the kernel's simd loops call rather than the layer's."""
-    if not em.vector_math:
-        return ()
-    return LIBMVEC_CALLS if em.target.isa == "avx512" else (*LIBMVEC_CALLS, "exp")
+def libmvec_exp(em: Facts) -> bool:
+    """Whether ``exp`` loops keep their simd form and call libmvec's expf rather than the layer's:
+    on AVX2 and older, libmvec's is the faster (0.41 against 0.55 ns per element; SSE2 0.89 against
+    1.31; softmax 4096x1024 1.92 against 2.25 ms on 2 threads); on AVX-512 the layer's, with
+    vscalefps (0.22 against 0.31)."""
+    return em.vector_math and em.target.isa != "avx512"
 
 
 @dataclass(frozen=True)
@@ -203,9 +202,9 @@ def plus_var(e: LExpr, var: str) -> bool:
 def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False, gather: bool = False) -> bool:
     """``e`` is reads, constants, negation, ``+``, ``-``, ``*`` and float ``max``/``min`` of the
     statement's type (float32 or float64; int32 in a tile), and each read is contiguous along the
-    row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``exp`` and
-    ``sigmoid``, ``tanh`` and ``log`` where libmvec does not have them (LIBMVEC_CALLS), values
-    hoisted out of the loop, contracted scalars and row buffers; a register tile reads neither its
+    row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``sigmoid``,
+    ``tanh``, ``log`` and ``exp`` where libmvec's is not the faster (LOOP_CALLS, libmvec_exp),
+    values hoisted out of the loop, contracted scalars and row buffers; a register tile reads neither its
     own target nor a buffer it does not index in memory. With ``gather``, reads along the row may
     be any constant number of elements apart (within 32-bit offsets)."""
     if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
@@ -220,8 +219,8 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     if isinstance(e, Call) and e.fn in ("max", "min"):  # the layer's, with tc_max/tc_min's bits
         return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop, gather) for a in e.args)
     if isinstance(e, Call):
-        return (loop and e.fn in LOOP_CALLS and e.dtype == "float32"
-                and e.fn not in libmvec_calls(em) and vector_expr(em, e.args[0], s, row, loop))
+        return (loop and e.fn in LOOP_CALLS and e.dtype == "float32" and not (e.fn == "exp" and libmvec_exp(em))
+                and vector_expr(em, e.args[0], s, row, loop))
     if isinstance(e, Read):
         if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
             return True
