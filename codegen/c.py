@@ -136,6 +136,11 @@ def _simd_letter(target: CpuTarget) -> str | None:
     return _SIMD_ABI.get(target.isa)
 
 
+def _streams(nodes: tuple[LNode, ...]) -> bool:
+    """Whether a vector loop among ``nodes`` streams its stores (vecloop.streamed)."""
+    return any(isinstance(x, LFor) and x.vector is not None and bool(x.vector.stream) for x in walk(nodes))
+
+
 def vector_exp(target: CpuTarget) -> str:
     """``TC_EXPF``: float32 exp in `omp simd` loops, through a vector variant that runs the vector
     layer's ``tc_vf_exp`` (codegen.vecisa), or libm's expf where the target has none."""
@@ -253,6 +258,8 @@ class _Emitter(Facts):
             packs = [n for n in walk(ir.body) if isinstance(n, LPack)]
             self._pack_buffers(packs)
             self._body(ir.body)
+            if _streams(ir.body):
+                w.line("tc_stream_fence();  // the streamed stores of a loop outside a parallel region")
             for p in packs:
                 w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
@@ -403,9 +410,15 @@ class _Emitter(Facts):
                 w.line("#if TC_VEC")
                 vecloop.emit(self, vl)
                 w.line("#else")
+            fence = n.omp and _streams((n,))
+            if fence:  # each thread orders its streamed stores before the region's barrier
+                w.line("#pragma omp parallel")
+                w.line("{")
+                w.push()
             if n.omp:
                 collapse = " collapse(2)" if n.collapse else ""
-                w.line(f"#pragma omp parallel for {_schedule(n)}{collapse}")
+                w.line(f"#pragma omp {'for' if fence else 'parallel for'} {_schedule(n)}{collapse}"
+                       + (" nowait" if fence else ""))
             elif n.simd:
                 w.line("#pragma omp simd")
             if n.unroll:
@@ -417,6 +430,10 @@ class _Emitter(Facts):
             w.line("}")
             if vl is not None:
                 w.line("#endif")
+            if fence:
+                w.line("tc_stream_fence();")
+                w.pop()
+                w.line("}")
             for key in hoisted:
                 del self.hoisted[key]
         elif isinstance(n, LIf):

@@ -70,7 +70,22 @@ def prelude(target: CpuTarget) -> str:
         body = _generic(target)
     exp = "" if target.isa in ("avx512", "avx2") else _CLAMP[target.isa] + _EXP_VECTOR_EXTENSIONS
     min_max = _GENERIC_MIN_MAX if target.isa == "generic" else ""
-    return head + body + _LANE_MASKS + _strided(target.isa) + min_max + exp + _TANH_LOG + "#endif\n"
+    return (head + body + _LANE_MASKS + _strided(target.isa) + _stream(target.isa) + min_max + exp + _TANH_LOG
+            + "#endif\n#ifndef tc_stream_fence\n#define tc_stream_fence() ((void)0)\n#endif\n")
+
+
+def _stream(isa: str) -> str:
+    """``tc_v?_stream(p, v)``: a store that bypasses the caches (x86's non-temporal stores) where
+    ``p`` is aligned to the vector, a plain store elsewhere; ``tc_stream_fence()`` orders a thread's
+    streamed stores before what it does next (each thread runs it before the loop's barrier)."""
+    if isa not in _X86:
+        return ("#define tc_vf_stream(p, v) tc_vf_store(p, v)\n#define tc_vd_stream(p, v) tc_vd_store(p, v)\n"
+                "#define tc_stream_fence() ((void)0)\n")
+    pre = _X86[isa][1]
+    out = [f"#define tc_v{t}_stream(p, v) do {{ if (((unsigned long)(p) & (sizeof(tc_v{t}) - 1)) == 0) "
+           f"{pre}_stream_{sfx}(p, v); else {pre}_storeu_{sfx}(p, v); }} while (0)"
+           for t, sfx in (("f", "ps"), ("d", "pd"))]
+    return "\n".join(out) + "\n#define tc_stream_fence() _mm_sfence()\n"
 
 
 def _strided(isa: str) -> str:

@@ -23,8 +23,11 @@ of them writes (an update in place), rerun lanes would not, and the loop keeps i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tcdsl.core.affine import Sym
 from tcdsl.core.checked import Binop, Statement, reads
@@ -44,9 +47,11 @@ class VectorLoop:
     trips: int
     lanes: int
     overlap: bool  # the last vector overlaps the one before
+    stream: frozenset[str] = frozenset()  # tensors whose whole vectors bypass the caches (streamed)
 
     def __str__(self) -> str:
-        return f"{self.trips // self.lanes} x {self.lanes} lanes" + (" + 1 overlapping" if self.overlap else "")
+        return (f"{self.trips // self.lanes} x {self.lanes} lanes" + (" + 1 overlapping" if self.overlap else "")
+                + (f", streaming {', '.join(sorted(self.stream))}" if self.stream else ""))
 
 
 def plan(em: Facts, n: LFor) -> VectorLoop | None:
@@ -83,7 +88,27 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     overlap = trips % lanes != 0
     if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
         return None  # rerunning lanes would read what the first run wrote
-    return VectorLoop(n, tuple(calls), trips, lanes, overlap)
+    return VectorLoop(n, tuple(calls), trips, lanes, overlap, frozenset(t for t in written if streamed(em, t)))
+
+
+STREAM_SHARE = 2  # stream outputs when the kernel's inputs and outputs take at least 1/2 of the last-level cache
+
+
+def streamed(em: Facts, tensor: str) -> bool:
+    """Whether the stores of ``tensor`` bypass the caches: an output written by one ``=`` statement
+    and read by none (the kernel never reads it back, and the caller reads it after the whole
+    kernel), in a kernel whose inputs and outputs together take at least 1/STREAM_SHARE of the
+    last-level cache, so that the output would be evicted before anyone reads it. A plain store
+    first reads the line it writes (write-allocate): streaming saves that read (softmax 4096x1024
+    1.37 -> 1.25 ms on 2 threads)."""
+    c = em.c
+    if tensor not in {t.name for t in c.outputs} or tensor in c.accumulates:
+        return False
+    if [st.tensor for st in c.stmts].count(tensor) != 1 or any(r.tensor == tensor for st in c.stmts
+                                                                for r in reads(st.rhs)):
+        return False
+    nbytes = sum(math.prod(em.shapes[t.name]) * np.dtype(t.dtype).itemsize for t in (*c.inputs, *c.outputs))
+    return nbytes * STREAM_SHARE >= em.target.l3
 
 
 def emit(em: _Emitter, vl: VectorLoop) -> None:
@@ -102,11 +127,11 @@ def emit(em: _Emitter, vl: VectorLoop) -> None:
         w.line(f"{{  // the last {lanes} of {vl.trips}, overlapping the vector before")
         with w.indent():
             w.line(f"const long {n.var} = {lo + vl.trips - lanes};")
-            _body(em, vl)
+            _body(em, vl, tail=True)
         w.line("}")
 
 
-def _body(em: _Emitter, vl: VectorLoop) -> None:
+def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
     for call, s, row in vl.calls:
         st = em.scop.stmt(call.stmt)
         em.w.line(f"{{  // statement {s.number} (line {s.span.line})")
@@ -116,7 +141,8 @@ def _body(em: _Emitter, vl: VectorLoop) -> None:
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
-            em.w.line(f"{vector_type(s.rhs.dtype)}_store(&{target}, {vexpr(em, s.rhs, env, s, row)});")
+            store = "_stream" if s.tensor in vl.stream and not tail else "_store"
+            em.w.line(f"{vector_type(s.rhs.dtype)}{store}(&{target}, {vexpr(em, s.rhs, env, s, row)});")
         em.w.line("}")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -167,8 +168,7 @@ class CKernel:
             if initial and t.name in initial:
                 arrays[t.name] = np.array(initial[t.name], dtype=t.dtype, order="C")
                 continue
-            alloc = np.empty if t.name in self.unwritten_ok else np.zeros
-            arrays[t.name] = alloc(self.inst.shapes[t.name], dtype=t.dtype)
+            arrays[t.name] = _output(self.inst.shapes[t.name], t.dtype, zero=t.name not in self.unwritten_ok)
         buffers = dict(self.low.source.buffers)
         for t in c.temps:  # owners get a buffer for their group (the kernel zeroes what sharers need)
             alloc = np.empty if t.name in self.unwritten_ok else np.zeros
@@ -183,6 +183,17 @@ class CKernel:
 
     def _error(self, code: int, value: int) -> TcRuntimeError:
         return runtime_error(self.inst, self.low.source.errors, code, value)
+
+
+ALIGN = 64  # bytes: a cache line, and AVX-512's vector (streamed stores need their vector's alignment)
+
+
+def _output(shape: tuple[int, ...], dtype: str, zero: bool) -> np.ndarray:
+    """A fresh output array aligned to ALIGN bytes (numpy's large arrays are 16-byte aligned)."""
+    n = math.prod(shape) * np.dtype(dtype).itemsize
+    raw = (np.zeros if zero else np.empty)(n + ALIGN, dtype=np.uint8)
+    at = -_address(raw) % ALIGN
+    return raw[at:at + n].view(dtype).reshape(shape)
 
 
 def _address(a: np.ndarray) -> int:

@@ -537,3 +537,44 @@ def test_half_vector_ends_a_row(dtype: str, K: int, target: cputarget.CpuTarget)
     np.testing.assert_array_equal(k(A, B, options=MappingOptions(vectorize=False)), got)
     want = A.astype(np.float64) @ B - 0.5 * A.sum(1, dtype=np.float64)[:, None]
     assert_close(got, want, terms=2 * K, scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
+
+
+SOFTMAX_THEN_READ = """def sm(float(N,D) X) -> (Y, Z) {
+    mx(n) max=! X(n,r_d)
+    e(n,d) = exp(X(n,d) - mx(n))
+    s(n) +=! e(n,r_d)
+    Y(n,d) = e(n,d) / s(n)
+    Z(n,d) = Y(n,d) * 2
+}"""
+
+
+@pytest.mark.parametrize("D", [1024, 1000])
+def test_large_write_once_outputs_stream(D: int, target: cputarget.CpuTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output written once and never read back, in a kernel whose tensors outgrow the last-level
+    cache (here: any size, STREAM_SHARE raised), is stored past the caches where its vectors are
+    aligned, with a fence per thread before the parallel loop's barrier; an output the kernel reads
+    back (Y, read by Z) is stored as usual. The values are the plain stores' bits, on aligned
+    and unaligned rows (D = 1000 floats) and in the overlapping last vector."""
+    from tcdsl.codegen import vecloop
+
+    X = np.random.default_rng(13).standard_normal((96, D)).astype(np.float32)
+    k = tc.define(SOFTMAX_THEN_READ)
+    plain_Y, plain_Z = k(X)  # small: plain stores
+    monkeypatch.setattr(vecloop, "STREAM_SHARE", 1 << 40)
+    k = tc.define(SOFTMAX_THEN_READ)
+    src = k.source(X)
+    body = src[src.index("int tc_kernel"):]
+    assert "tc_vf_stream(&t2[" in body and "tc_vf_stream(&t1[" not in body, body  # Z streams, Y does not
+    assert "#pragma omp parallel\n" in body and " nowait" in body and body.count("tc_stream_fence();") == 2, body
+    assert ", streaming Z\n    S5(" in str(k.lowered(X).passes[-1][1])  # the pass prints its choice
+    Y, Z = k(X)
+    assert Z.ctypes.data % 64 == 0  # fresh outputs are aligned: whole rows stream when D * 4 is too
+    np.testing.assert_array_equal(Y, plain_Y)
+    np.testing.assert_array_equal(Z, plain_Z)
+    out = (np.empty((96, D), np.float32), np.empty((96, D + 1), np.float32)[:, 1:])  # Z's rows unaligned
+    k(X, out=out)
+    np.testing.assert_array_equal(out[0], plain_Y)
+    np.testing.assert_array_equal(out[1], plain_Z)
+    # small kernels keep plain stores
+    monkeypatch.setattr(vecloop, "STREAM_SHARE", 2)
+    assert "tc_vf_stream(&" not in tc.define(SOFTMAX_THEN_READ).source(X).split("int tc_kernel")[1]
