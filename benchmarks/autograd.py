@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import tcdsl as tc
+from tcdsl import bench
 
 CONV = """
 def conv2d(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {
@@ -81,14 +82,7 @@ def leaves(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def quiesce(max_s: float = 1.0, pause: float = 0.01) -> None:
     """Sleep until this process's threads stop using CPU (at most ``max_s``)."""
-    deadline = time.perf_counter() + max_s
-    prev = time.process_time()
-    while time.perf_counter() < deadline:
-        time.sleep(pause)
-        cur = time.process_time()
-        if cur - prev < 0.1 * pause:
-            return
-        prev = cur
+    bench.quiesce(max_s, pause)
 
 
 def step(fn: Callable[..., torch.Tensor], xs: list[torch.Tensor], gy: torch.Tensor, backward: bool) -> float:

@@ -7,7 +7,9 @@ builtin call and cast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from .errors import Location, SourceFile, locate
 
@@ -33,6 +35,8 @@ def _span() -> Span:
     return field(default=NOSPAN, compare=False, repr=False)  # type: ignore[return-value]
 
 
+_N = TypeVar("_N")
+
 # ---- expressions ---------------------------------------------------------------------------
 
 
@@ -43,6 +47,20 @@ class Expr:
 
 def span_of(e: Expr) -> Span:
     return getattr(e, "span", NOSPAN)
+
+
+def map_children(node: _N, fn: Callable[[Expr], Expr]) -> _N:
+    """``node`` (an expression or a where clause) with ``fn`` applied to each expression it holds
+    directly, alone or in a tuple (a call's arguments); the transforms of whole defs (batching,
+    retyping) recurse through it and handle only the nodes they change."""
+    changes: dict[str, Any] = {}
+    for f in fields(node):  # type: ignore[arg-type]
+        v = getattr(node, f.name)
+        if isinstance(v, Expr):
+            changes[f.name] = fn(v)
+        elif isinstance(v, tuple) and v and all(isinstance(x, Expr) for x in v):
+            changes[f.name] = tuple(fn(x) for x in v)
+    return replace(node, **changes) if changes else node  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)

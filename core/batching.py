@@ -66,27 +66,9 @@ def batched(d: A.Def, inputs: Collection[str]) -> tuple[A.Def, frozenset[str]]:
     def expr(e: A.Expr) -> A.Expr:
         if isinstance(e, A.Name) and e.name in carry:
             return A.Apply(e.name, (A.Name(index),), e.span)
-        if isinstance(e, A.Apply):
-            args = tuple(expr(a) for a in e.args)
-            return A.Apply(e.name, ((A.Name(index),) + args) if e.name in carry else args, e.span)
-        if isinstance(e, A.Cast):
-            return A.Cast(e.type, expr(e.arg), e.span)
-        if isinstance(e, A.Unary):
-            return A.Unary(e.op, expr(e.arg), e.span)
-        if isinstance(e, A.Binary):
-            return A.Binary(e.op, expr(e.lhs), expr(e.rhs), e.span)
-        if isinstance(e, A.Ternary):
-            return A.Ternary(expr(e.cond), expr(e.then), expr(e.other), e.span)
-        return e
-
-    def where(w: A.Where) -> A.Where:
-        if isinstance(w, A.WhereExists):
-            access = expr(w.access)
-            assert isinstance(access, A.Apply)
-            return A.WhereExists(access, w.span)
-        if isinstance(w, A.WhereLet):
-            return A.WhereLet(w.name, expr(w.value), w.span)
-        return A.WhereRange(w.index, expr(w.lo), expr(w.hi), w.span)
+        if isinstance(e, A.Apply) and e.name in carry:
+            return A.Apply(e.name, (A.Name(index),) + tuple(expr(a) for a in e.args), e.span)
+        return A.map_children(e, expr)
 
     # the batch index's range is given, not inferred: a statement may read no batched tensor
     batch_range = A.WhereRange(bidx, A.Num(0, False), A.Name(size))
@@ -95,6 +77,6 @@ def batched(d: A.Def, inputs: Collection[str]) -> tuple[A.Def, frozenset[str]]:
     outputs = tuple(A.Output(o.name, o.type, (bdim,) + o.dims, o.span)
                     if o.dims is not None and o.name.name in carry else o for o in d.outputs)
     stmts = tuple(A.Stmt(s.lhs, (bidx,) + (s.indices or ()), s.op, expr(s.rhs),
-                         (batch_range,) + tuple(where(w) for w in s.wheres), s.span, s.annotation)
+                         (batch_range,) + tuple(A.map_children(w, expr) for w in s.wheres), s.span, s.annotation)
                   if s.lhs.name in carry else s for s in d.stmts)
     return A.Def(d.name, params, outputs, stmts, d.span), carry

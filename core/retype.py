@@ -18,27 +18,12 @@ def retyped(d: A.Def, types: Mapping[str, str]) -> A.Def:
         return types.get(T.ALIASES.get(t, t), t)
 
     def expr(e: A.Expr) -> A.Expr:
-        if isinstance(e, A.Apply):
-            return A.Apply(e.name, tuple(expr(a) for a in e.args), e.span)
         if isinstance(e, A.Cast):
             return A.Cast(ty(e.type), expr(e.arg), e.span)
-        if isinstance(e, A.Unary):
-            return A.Unary(e.op, expr(e.arg), e.span)
-        if isinstance(e, A.Binary):
-            return A.Binary(e.op, expr(e.lhs), expr(e.rhs), e.span)
-        if isinstance(e, A.Ternary):
-            return A.Ternary(expr(e.cond), expr(e.then), expr(e.other), e.span)
-        return e
-
-    def where(w: A.Where) -> A.Where:
-        if isinstance(w, A.WhereLet):
-            return A.WhereLet(w.name, expr(w.value), w.span)
-        if isinstance(w, A.WhereRange):
-            return A.WhereRange(w.index, expr(w.lo), expr(w.hi), w.span)
-        return w
+        return A.map_children(e, expr)
 
     params = tuple(A.Param(ty(p.type), p.name, p.dims, p.span) for p in d.params)
     outputs = tuple(A.Output(o.name, ty(o.type) if o.type else None, o.dims, o.span) for o in d.outputs)
-    stmts = tuple(A.Stmt(s.lhs, s.indices, s.op, expr(s.rhs), tuple(where(w) for w in s.wheres), s.span,
+    stmts = tuple(A.Stmt(s.lhs, s.indices, s.op, expr(s.rhs), tuple(A.map_children(w, expr) for w in s.wheres), s.span,
                          s.annotation) for s in d.stmts)
     return A.Def(d.name, params, outputs, stmts, d.span)
