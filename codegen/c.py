@@ -126,6 +126,13 @@ static inline long tc_chunk(long trips) {
 
 # the `omp simd` loops' vector variant of float32 exp (the x86 vector-function ABI's ISA letter):
 # GCC calls it for whole vectors of lanes; single values use libm's expf
+# A kernel with vector register tiles is compiled without GCC's predictive commoning: the tiles
+# already load each input vector once per step, and GCC, carrying the rows a conv tile shares
+# across its window's steps in registers, spilled a 6x2 tile's accumulators (AVX2 conv2d
+# 8x64x56x56: 3 spills per step; 6x2 tiles 100-108 GFLOP/s with it, 160-190 without, 4x2 ~148).
+NO_COMMONING = """#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-predictive-commoning")))  /* the register tiles load once per step */
+#endif"""
 _SIMD_ABI = {"avx512": "e", "avx2": "d", "sse2": "b"}
 
 
@@ -220,6 +227,7 @@ class _Emitter(Facts):
         self.errors: list[ErrorSite] = []
         self.scalars: dict[str, str] = {}  # contracted temporaries in scope -> their C scalar
         self.vector_code = False  # explicit vector code written (vectile, vecloop)
+        self.vector_tiles = False  # register tiles among it (vectile)
         self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.codegen.mathlib function, type) the kernel calls
         self.w = LineWriter()
 
@@ -249,6 +257,7 @@ class _Emitter(Facts):
             const = "const " if t.role == "input" else ""
             params.append(f"{const}{CTYPE[t.dtype]} *restrict {self.var[name]}")
         params.append("long *restrict tc_err")
+        signature = w.mark()
         w.line(f"int {self.fn}({', '.join(params)}) {{")
         temps = {t.name for t in self.c.temps}
         owners = {name: name for name in self.in_memory & temps} | dict(ir.owners)
@@ -264,6 +273,8 @@ class _Emitter(Facts):
                 w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
         w.line("}")
+        if self.vector_tiles:
+            w.insert(signature, NO_COMMONING)
         if self.mathlib:
             w.insert(library, mathlib.source(self.mathlib))
         if self.vector_code:
@@ -510,15 +521,15 @@ class _Emitter(Facts):
             inside = next((f for f in rt.serial if f.var == rt.inside), None) if rt.inside else None
             vt = rt.vector
             self.vector_code |= vt is not None
-            if vt is not None and vt.full:  # partial tiles take the scalar tile
+            self.vector_tiles |= vt is not None
+            if vt is not None and vt.full:  # partial tiles take the scalar tile, where no case below fits
                 w.line("#if TC_VEC")
-                w.line(f"if ({' && '.join(_top(self._lexpr(x)) for x in vt.full)}) {{")
-                with w.indent():
-                    vectile.emit(self, vt, rt.identity)
-                if vt.shift is not None and vt.shift_ok is not None:
-                    w.line(f"}} else if ({_top(self._lexpr(vt.shift_ok))}) {{  // the row's last {rt.extents[-1]}")
+                head = "if"
+                for test, case, shift, note in vectile.cases(vt):
+                    w.line(f"{head} ({' && '.join(_top(self._lexpr(x)) for x in test)}) {{{note}")
                     with w.indent():
-                        vectile.emit(self, vt, rt.identity, vt.shift)
+                        vectile.emit(self, case, rt.identity, shift)
+                    head = "} else if"
                 w.line("} else")
                 w.line("#endif")
                 w.line("{")

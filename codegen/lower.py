@@ -262,26 +262,29 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
     if not f.vectorize:
         return ir
     omp: dict[int, frozenset[str]] = {}
+    around: dict[int, tuple[LFor, ...]] = {}
 
-    def scan(body: tuple[LNode, ...], outer: frozenset[str]) -> None:
+    def scan(body: tuple[LNode, ...], outer: frozenset[str], loops: tuple[LFor, ...]) -> None:
         for n in body:
             if isinstance(n, LFor):
                 # the parallel pass may collapse an `omp parallel for` loop with the loop inside it
                 inner = {n.body[0].var} if len(n.body) == 1 and isinstance(n.body[0], LFor) else set()
-                scan(n.body, outer | {n.var} | inner if n.omp else outer)
+                scan(n.body, outer | {n.var} | inner if n.omp else outer, (*loops, n))
             elif isinstance(n, LIf):
-                scan(n.then, outer)
-                scan(n.other, outer)
+                scan(n.then, outer, loops)
+                scan(n.other, outer, loops)
             elif isinstance(n, LTile):
                 omp[id(n)] = outer
+                around[id(n)] = loops
 
-    scan(ir.body, frozenset())
+    scan(ir.body, frozenset(), ())
 
     def visit(n: LNode) -> LNode | None:
         if isinstance(n, LTile):
             inside = _interleaved(n, f)
             simd = n.inner[-1].parallel
-            vt = vectile.plan(f, n, omp.get(id(n), frozenset())) if f.VECTOR_TILES and inside is None else None
+            vt = vectile.plan(f, n, omp.get(id(n), frozenset()), around.get(id(n), ())) \
+                if f.VECTOR_TILES and inside is None else None
             return replace(n, simd=simd, inside=inside.var if inside is not None else "", vector=vt,
                            vector_text=str(vt) if vt is not None else "")
         if isinstance(n, LAccum):

@@ -15,10 +15,11 @@ Each input vector of one step of the serial loops is loaded once into a register
 every row of the tile, and a value that does not move along the row is broadcast once.
 Auto-vectorised, the same tile has GCC fold each load into every multiply-add that uses it again
 (one load per FMA, most of them across a cache line): conv2d's 4x54 tile ran at a third of one
-core's FMA peak that way and at 80 % this way. Where an outer tile loop is partial (6-row tiles
-of 1024 rows), whole tiles take the vector form and the last one the scalar tile; so with a
-partial tile along the row (6x16 tiles of 85 columns). Lanes and the accumulator budget come
-from the ``CpuTarget``.
+core's FMA peak that way and at 80 % this way. Where one outer tile loop is partial (6-row tiles
+of 1024 rows), the last tile takes a vector tile of its own with the rows left (4), for each such
+size the loops around it give (at most REST_SIZES); other partial tiles take the scalar tile (6x16
+tiles of 85 columns, along the row, where a shifted tile cannot serve). Lanes and the accumulator
+budget come from the ``CpuTarget``.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
 54-wide row in 16 lanes: 0, 16, 32, 38): the overlapped elements are computed twice, from the
@@ -38,12 +39,25 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tcdsl.core.affine import Sym, Var
 from tcdsl.core.checked import Binop, Call, Const, Read, Statement, TExpr, Unop
-from tcdsl.polyhedral.loopir import LExpr, LFor, LInt, LOp, LTile, LVar, expr_text, expr_vars, sum_terms, trip_count
+from tcdsl.polyhedral.loopir import (
+    LExpr,
+    LFor,
+    LInt,
+    LOp,
+    LTile,
+    LVar,
+    expr_text,
+    expr_value,
+    expr_vars,
+    loop_values,
+    sum_terms,
+    trip_count,
+)
 
 from .facts import Facts
 from .vecisa import half_type, vector_type
@@ -87,6 +101,9 @@ class VectorTile:
     shift_ok: LExpr | None = None
     stride: int = 1  # elements between the target's neighbours along the row (> 1: gathered and scattered)
     half: bool = False  # the last vector of a row is a half vector (CpuTarget.half_vectors) of lanes // 2
+    # a tile cut short across the rows (the last 4 of 64 channels in 6-channel tiles): the test
+    # that it has that many rows, and the tile of that many rows in vectors
+    rests: tuple[tuple[LExpr, VectorTile], ...] = ()
 
     def __str__(self) -> str:
         text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
@@ -98,12 +115,15 @@ class VectorTile:
             text += f", whole when {' && '.join(expr_text(x) for x in self.full)}"
         if self.shift is not None and self.shift_ok is not None:
             text += f", else from {expr_text(self.shift)} when {expr_text(self.shift_ok)}"
+        for cond, rest in self.rests:
+            text += f"; when {expr_text(cond)}, {'x'.join(map(str, rest.rt.extents))}: {rest}"
         return text
 
 
-def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> VectorTile | None:
+def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
+         loops: tuple[LFor, ...] = ()) -> VectorTile | None:
     """The vector form of ``rt``, or None where the tile does not have one; ``omp_vars``: the
-    `omp parallel for` loops around it."""
+    `omp parallel for` loops around it, ``loops``: every loop around it, outermost first."""
     st = em.scop.stmt(rt.call.stmt)
     s = em.scop.tc_statement(rt.call.stmt)
     dtype = em.tensors[s.tensor].dtype
@@ -154,9 +174,52 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset()) -> Vector
         if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2):
             return None
         full.append(LOp(">=", (cond.args[1], LInt(_init(f) + e - (1 if cond.op == "<=" else 0)))))
-    shift = _shift(em, rt, s, row, args[row], omp_vars) if len(full) == 1 and trip_count(vec) is None else None
+    shift = _shift(em, rt, s, row, args[row], omp_vars) if trip_count(vec) is None else None
     shifted, shift_ok = shift or (None, None)
-    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half)
+    if shift_ok is not None and len(full) > 1:  # the other tile loops whole
+        shift_ok = LOp("&&", (*full[:-1], shift_ok))
+    rests = _rests(em, rt, omp_vars, loops)
+    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half, rests)
+
+
+REST_SIZES = 2  # the most sizes of a tile cut short across its rows that take a vector tile each
+
+
+def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str],
+           loops: tuple[LFor, ...]) -> tuple[tuple[LExpr, VectorTile], ...]:
+    """The vector tiles of ``rt`` cut short along its one partial row loop, one per size the loops
+    around it give that loop (at most REST_SIZES): the last 4 of 64 output channels in tiles of 6
+    take a 4-row vector tile, not the scalar tile (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against
+    39 ms; in scalars, a tenth of the channels took most of the time)."""
+    partial = [i for i, f in enumerate(rt.inner[:-1]) if trip_count(f) is None]
+    if len(partial) != 1:
+        return ()
+    i = partial[0]
+    f = rt.inner[i]
+    cond = f.cond
+    if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2 and isinstance(f.init, LInt)):
+        return ()
+    bound = cond.args[1]
+    envs = loop_values(loops, expr_vars(bound))
+    if envs is None:
+        return ()
+    last = {expr_value(bound, env) for env in envs}
+    if None in last:
+        return ()
+    shift = 1 if cond.op == "<=" else 0
+    sizes = sorted({v + shift - f.init.value for v in last if v is not None} & set(range(1, rt.extents[i])),
+                   reverse=True)
+    if not 0 < len(sizes) <= REST_SIZES:
+        return ()
+    out = []
+    for k in sizes:
+        cut = replace(f, cond=LOp(cond.op, (LVar(f.var), LInt(f.init.value + k - shift))))
+        sub = replace(rt, inner=(*rt.inner[:i], cut, *rt.inner[i + 1:]),
+                      extents=(*rt.extents[:i], k, *rt.extents[i + 1:]))
+        vt = plan(em, sub, omp_vars, loops)
+        if vt is not None:
+            out.append((LOp("==", (bound, LInt(f.init.value + k - shift))), vt))
+    return tuple(out)
 
 
 def _half_expr(e: TExpr) -> bool:
@@ -401,6 +464,21 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
             w.line(f"{vtype(key)}_store(&{target(*key)}, {acc[key]});")
         else:
             w.line(f"{v}_scatter(&{target(*key)}, {vt.stride}, {acc[key]});")
+
+
+def cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], VectorTile, LExpr | None, str]]:
+    """The vector forms of a tile with partial loops, in the order they are tested: (the tests,
+    the tile, where its vector loop starts if shifted, a comment); the scalar tile takes the rest."""
+    out: list[tuple[tuple[LExpr, ...], VectorTile, LExpr | None, str]] = [(vt.full, vt, None, "")]
+    if vt.shift is not None and vt.shift_ok is not None:
+        out.append(((vt.shift_ok,), vt, vt.shift, f"  // the row's last {vt.rt.extents[-1]}"))
+    for test, rest in vt.rests:
+        rows = "x".join(map(str, rest.rt.extents[:-1]))
+        out.append(((test, *rest.full), rest, None, f"  // {rows} rows"))
+        if rest.shift is not None and rest.shift_ok is not None:
+            last = f"  // {rows} rows, the row's last {rest.rt.extents[-1]}"
+            out.append(((test, rest.shift_ok), rest, rest.shift, last))
+    return out
 
 
 def _init(f: LFor) -> int:

@@ -7,7 +7,8 @@ used in golden tests and by ``kernel.source``-style introspection.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,6 +282,64 @@ def expr_vars(e: LExpr) -> set[str]:
             out |= expr_vars(a)
         return out
     return set()
+
+
+def expr_value(e: LExpr, env: Mapping[str, int]) -> int | None:
+    """The value of ``e`` with the loop variables of ``env`` (None where it reads another, or an
+    operation this does not evaluate)."""
+    if isinstance(e, LInt):
+        return e.value
+    if isinstance(e, LVar):
+        return env.get(e.name)
+    if not isinstance(e, LOp):
+        return None
+    a = [expr_value(x, env) for x in e.args]
+    if any(x is None for x in a):
+        return None
+    v = [x for x in a if x is not None]
+    ops: dict[str, Callable[[list[int]], int]] = {
+        "+": sum, "*": math.prod, "-": lambda x: x[0] - x[1], "neg": lambda x: -x[0],
+        "min": min, "max": max, "floordiv": lambda x: x[0] // x[1], "==": lambda x: int(x[0] == x[1]),
+        "<=": lambda x: int(x[0] <= x[1]), "<": lambda x: int(x[0] < x[1]), ">=": lambda x: int(x[0] >= x[1]),
+        ">": lambda x: int(x[0] > x[1]), "&&": lambda x: int(all(x)), "||": lambda x: int(any(x))}
+    if e.op not in ops or (e.op == "floordiv" and v[1] == 0):
+        return None
+    return ops[e.op](v)
+
+
+def loop_values(loops: Sequence[LFor], wanted: set[str], limit: int = 4096) -> list[dict[str, int]] | None:
+    """Every assignment of the variables of ``loops`` (a chain of nested loops, outermost first)
+    that the variables ``wanted`` depend on, enumerated through their bounds; None where a bound is
+    not a function of the outer loops' variables, or past ``limit`` assignments."""
+    need = set(wanted)
+    chain = []
+    for f in reversed(loops):  # the loops ``wanted`` reads, and the loops their bounds read
+        if f.var in need:
+            chain.append(f)
+            need |= expr_vars(f.init) | (expr_vars(f.cond) - {f.var})
+    chain.reverse()
+    if need - {f.var for f in chain}:
+        return None
+    envs: list[dict[str, int]] = [{}]
+    for f in chain:
+        out = []
+        for env in envs:
+            lo = expr_value(f.init, env)
+            if lo is None or f.step <= 0:
+                return None
+            v = lo
+            while True:
+                ok = expr_value(f.cond, {**env, f.var: v})
+                if ok is None:
+                    return None
+                if not ok:
+                    break
+                out.append({**env, f.var: v})
+                if len(out) > limit:
+                    return None
+                v += f.step
+        envs = out
+    return envs
 
 
 def sum_terms(e: LExpr) -> list[LExpr]:

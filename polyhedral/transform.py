@@ -278,8 +278,14 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             # operand vector loaded once per 6 fused multiply-adds (4 rows: 2.3x slower on matmul)
             if len(rows) == 1 and infos[i].extent >= ROW_REGISTER_ONE:
                 return ROW_REGISTER_ONE
-            # two row members, one vector each: 4 x (the two-row budget / 4) rows
-            want = row_split[i] if whole_contig else 4 if i == min(rows) else max(1, two_row_budget // 4)
+            # two row members, one vector each: (the two-row budget / 4) rows of the second, and of
+            # the first as many as fill at most 16 accumulators: AVX2 6 x 2 (conv2d 8x64x56x56 on 2
+            # threads, interleaved medians: 171-188 against 167-185 GFLOP/s for 4 x 2), AVX-512 4 x 4
+            # (a 122-wide conv: 140 against 122 for 6 x 4 and 105 for 12 x 2)
+            second = max(1, two_row_budget // 4)
+            want = row_split[i] if whole_contig else min(budget, 16) // second if i == min(rows) else second
+            if not whole_contig and i == min(rows) and infos[i].extent >= 4:
+                want = min(want, infos[i].extent)  # 4 or 5 channels: one tile of them all
             return want if infos[i].extent >= want else 1
         if i == contig:
             e = infos[i].extent

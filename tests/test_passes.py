@@ -25,6 +25,7 @@ from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcRuntimeError
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
+from tcdsl.polyhedral.loopir import LFor, LInt, LOp, LVar, expr_value, loop_values
 from tcdsl.tuner import space as S
 
 try:
@@ -153,3 +154,21 @@ def test_a_failed_panel_allocation_is_a_located_error_before_anything_is_written
         k(A, B, out=out)
     assert e.value.location is not None and e.value.location.line == 1
     assert (out == 7.0).all()
+
+
+def test_loop_values_enumerate_the_bounds_a_tile_reads() -> None:
+    """The sizes a tile cut short can take come from enumerating the loops around it (vectorise):
+    a 6-row tile loop inside 64 rows stepped by 6 ends short once, at 60, with 4 rows."""
+    outer = LFor("c0", LInt(0), LOp("<=", (LVar("c0"), LInt(1))), 1, ())
+    rows = LFor("c1", LInt(0), LOp("<=", (LVar("c1"), LInt(63))), 6, ())
+    inner = LFor("c2", LVar("c1"), LOp("<", (LVar("c2"), LOp("+", (LVar("c1"), LInt(3))))), 2, ())
+    bound = LOp("min", (LInt(5), LOp("+", (LOp("neg", (LVar("c1"),)), LInt(63)))))
+    envs = loop_values([outer, rows, inner], {"c1"})
+    assert envs is not None and [e["c1"] for e in envs] == list(range(0, 64, 6))  # c0 and c2 left alone
+    assert {expr_value(bound, e) for e in envs} == {5, 3}
+    both = loop_values([outer, rows, inner], {"c2"})  # c2's bounds read c1: both enumerated
+    assert both is not None and len(both) == 11 * 2 and both[-1] == {"c1": 60, "c2": 62}
+    assert loop_values([rows], {"c9"}) is None  # a variable no loop defines
+    assert loop_values([rows], {"c1"}, limit=5) is None  # past the limit
+    assert expr_value(LOp("floordiv", (LInt(-7), LInt(2))), {}) == -4
+    assert expr_value(LOp("+", (LVar("x"), LInt(1))), {}) is None

@@ -3,7 +3,8 @@ codegen.vecisa), on every CPU target this machine runs (AVX-512, AVX2, SSE2, gen
 extensions; ``TCDSL_CPU``): the kernels that take the vector form give the same bits as the
 scalar code where the target has FMA (within the term-scaled bound where it has not), against
 numpy, with the tile starting at zero or loaded from the target, rows of whole vectors or ending
-in an overlapping vector, partial tiles on the scalar path beside whole ones, and the scalar
+in an overlapping vector, tiles cut short across their rows in vector tiles of fewer rows, other
+partial tiles on the scalar path beside whole ones, and the scalar
 fallback (-DTC_VEC=0) still right."""
 
 from __future__ import annotations
@@ -69,13 +70,18 @@ CASES = [
     ("matmul-whole", MATMUL, [(24, 40), (40, 48)], None, _mm, ("tc_vf_zero()",), (40, _mm)),
     ("matmul-k-tiles", MATMUL, [(64, 256), (256, 64)], MappingOptions(tile=(4, 32, 8)), _mm,
      ("tc_vf_load(&t2",), (256, _mm)),
+    # 6-row tiles of 100 rows: the last tile, 4 rows, takes a vector tile of its own
     ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, _mm,
-     ("if (tc_lmin(",), (64, _mm)),  # 6-row tiles of 100 rows: the last tile takes the scalar path
+     ("if (tc_lmin(", ") == 3", "// 4 rows"), (64, _mm)),
     ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 85)], None, _mm,
      ("if (tc_lmin(",), (300, _mm)),
     # a row cut short (100 = 6 x 16 + 4 wide on AVX2; AVX-512's 64-wide tiles of 100), run as a whole
     # tile ending at the row's last element, the overlap computed again from the identity
     ("conv-shifted-last-tile", CONV, [(2, 8, 6, 102), (8, 8, 3, 3)], None, _conv, ("the row's last",),
+     (72, _conv)),
+    # 10 output channels in tiles of 6 (AVX2's 6x2 rows) or 4 (AVX-512's 4 x 1 row): the last
+    # channels in a vector tile of fewer rows, its row ending in a shifted tile too
+    ("conv-channels-cut-short", CONV, [(2, 8, 12, 60), (10, 8, 3, 3)], None, _conv, (" rows", ") == "),
      (72, _conv)),
     ("sum-of-difference", SUM, [(4, 20), (20, 44)], None,
      lambda a, b: a.sum(1, dtype=np.float64)[:, None] - 0.5 * b.sum(0, dtype=np.float64)[None, :],
