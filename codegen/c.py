@@ -124,8 +124,6 @@ static inline long tc_chunk(long trips) {
 
 """
 
-# the `omp simd` loops' vector variant of float32 exp (the x86 vector-function ABI's ISA letter):
-# GCC calls it for whole vectors of lanes; single values use libm's expf
 # A kernel with vector register tiles is compiled without GCC's predictive commoning: the tiles
 # already load each input vector once per step, and GCC, carrying the rows a conv tile shares
 # across its window's steps in registers, spilled a 6x2 tile's accumulators (AVX2 conv2d
@@ -133,6 +131,8 @@ static inline long tc_chunk(long trips) {
 NO_COMMONING = """#if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-predictive-commoning")))  /* the register tiles load once per step */
 #endif"""
+# the `omp simd` loops' vector variant of float32 exp (the x86 vector-function ABI's ISA letter):
+# GCC calls it for whole vectors of lanes; single values use libm's expf
 _SIMD_ABI = {"avx512": "e", "avx2": "d", "sse2": "b"}
 
 

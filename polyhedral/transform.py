@@ -34,10 +34,10 @@ ROW_TILES_PER_CACHE_TILE = 8  # its cache tile: eight register tiles
 # size, so that 2, 4 or 8 threads get equal shares (1024 rows: 8 tiles of 132, not 7 of 144 and
 # one of 16). Unpacked, the 48-row tiles balance better (AVX2 960x1000x1088: 201 against 140).
 PACKED_ROW_FACTOR, PACKED_ROW_BLOCKS = 3, 8
+BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this share of L2 (plan)
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
-BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this share of L2 (plan)
 SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
 CROSS_TILE = 64
 CROSS_CONTIG_TILE = 1024
@@ -242,8 +242,9 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             e, most = infos[i].extent, PACKED_ROW_FACTOR * row_tile
             blocks = PACKED_ROW_BLOCKS * -(-e // (PACKED_ROW_BLOCKS * most))
             row_tile = max(row_tile, ROW_REGISTER_ONE * -(-e // (ROW_REGISTER_ONE * blocks)))
-        if len(rows) == 2 and i == max(rows) and red and _band_rows(i) > 0:
-            return _band_rows(i) if infos[i].extent > _band_rows(i) else 0
+        band = _band_rows(i) if len(rows) == 2 and i == max(rows) and red else 0
+        if band:
+            return band if infos[i].extent > band else 0
         if transposing and i == contig:
             size = CROSS_CONTIG_TILE
         elif i in crossing:
