@@ -11,15 +11,14 @@ PoCL (which adds barriers at the back edge of every loop holding one) it sees ev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from tcdsl.core.affine import Sym
 from tcdsl.core.checked import Read, reads
 
 from .gpu import BLOCK_IDS, THREAD_IDS, GpuKernel
-from .loopir import LCall, LCopy, LExpr, LFor, LIf, LInt, LMark, LNode, LOp, LSync, LVar
+from .loopir import LCall, LCopy, LExpr, LFor, LIf, LMark, LNode, LSync, expr_text, expr_value
 from .scop import Scop
 
 
@@ -184,30 +183,6 @@ def _shared_flat(j: list[int] | tuple[int, ...], sizes: tuple[int, ...], pitch: 
 
 
 def _eval(e: LExpr, env: dict[str, int]) -> int:
-    if isinstance(e, LInt):
-        return e.value
-    if isinstance(e, LVar):
-        return env[e.name]
-    assert isinstance(e, LOp)
-    a = [_eval(x, env) for x in e.args]
-    op = e.op
-    if op == "?:":
-        return a[1] if a[0] else a[2]
-    return int(_OPS[op](*a))
-
-
-def _div(a: int, b: int) -> int:
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-def _mod(a: int, b: int) -> int:
-    return a - b * _div(a, b)
-
-
-_OPS: dict[str, Callable[..., Any]] = {
-    "+": lambda *a: sum(a), "-": lambda a, b: a - b, "*": lambda a, b: a * b, "neg": lambda a: -a,
-    "min": min, "max": max, "floordiv": lambda a, b: a // b, "div": _div, "mod": _mod,
-    "==": lambda a, b: a == b, "<=": lambda a, b: a <= b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
-    ">": lambda a, b: a > b, "&&": lambda a, b: bool(a) and bool(b), "||": lambda a, b: bool(a) or bool(b),
-}
+    v = expr_value(e, env)
+    assert v is not None, expr_text(e)
+    return v

@@ -7,7 +7,6 @@ used in golden tests and by ``kernel.source``-style introspection.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,27 +283,34 @@ def expr_vars(e: LExpr) -> set[str]:
     return set()
 
 
+def _c_div(a: int, b: int) -> int:
+    """C's ``/`` on integers: the quotient truncated toward zero."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_EVAL: dict[str, Callable[..., int]] = {
+    "+": lambda *a: sum(a), "-": lambda a, b: a - b, "*": lambda a, b: a * b, "neg": lambda a: -a,
+    "min": min, "max": max, "floordiv": lambda a, b: a // b, "div": _c_div,
+    "mod": lambda a, b: a - b * _c_div(a, b), "==": lambda a, b: int(a == b), "<=": lambda a, b: int(a <= b),
+    "<": lambda a, b: int(a < b), ">=": lambda a, b: int(a >= b), ">": lambda a, b: int(a > b),
+    "&&": lambda *a: int(all(a)), "||": lambda *a: int(any(a)), "?:": lambda c, x, y: x if c else y,
+}
+
+
 def expr_value(e: LExpr, env: Mapping[str, int]) -> int | None:
-    """The value of ``e`` with the loop variables of ``env`` (None where it reads another, or an
-    operation this does not evaluate)."""
+    """The value of ``e`` (C's integer semantics) with the loop variables of ``env``; None where it
+    reads another variable, divides by zero or has an operation this does not evaluate."""
     if isinstance(e, LInt):
         return e.value
     if isinstance(e, LVar):
         return env.get(e.name)
-    if not isinstance(e, LOp):
+    if not isinstance(e, LOp) or e.op not in _EVAL:
         return None
     a = [expr_value(x, env) for x in e.args]
-    if any(x is None for x in a):
+    if any(x is None for x in a) or (e.op in ("floordiv", "div", "mod") and a[1] == 0):
         return None
-    v = [x for x in a if x is not None]
-    ops: dict[str, Callable[[list[int]], int]] = {
-        "+": sum, "*": math.prod, "-": lambda x: x[0] - x[1], "neg": lambda x: -x[0],
-        "min": min, "max": max, "floordiv": lambda x: x[0] // x[1], "==": lambda x: int(x[0] == x[1]),
-        "<=": lambda x: int(x[0] <= x[1]), "<": lambda x: int(x[0] < x[1]), ">=": lambda x: int(x[0] >= x[1]),
-        ">": lambda x: int(x[0] > x[1]), "&&": lambda x: int(all(x)), "||": lambda x: int(any(x))}
-    if e.op not in ops or (e.op == "floordiv" and v[1] == 0):
-        return None
-    return ops[e.op](v)
+    return _EVAL[e.op](*a)
 
 
 def loop_values(loops: Sequence[LFor], wanted: set[str], limit: int = 4096) -> list[dict[str, int]] | None:

@@ -171,4 +171,8 @@ def test_loop_values_enumerate_the_bounds_a_tile_reads() -> None:
     assert loop_values([rows], {"c9"}) is None  # a variable no loop defines
     assert loop_values([rows], {"c1"}, limit=5) is None  # past the limit
     assert expr_value(LOp("floordiv", (LInt(-7), LInt(2))), {}) == -4
+    assert expr_value(LOp("div", (LInt(-7), LInt(2))), {}) == -3  # C's division truncates
+    assert expr_value(LOp("mod", (LInt(-7), LInt(2))), {}) == -1
+    assert expr_value(LOp("?:", (LOp("<", (LInt(1), LInt(2))), LInt(5), LInt(6))), {}) == 5
+    assert expr_value(LOp("mod", (LInt(7), LInt(0))), {}) is None
     assert expr_value(LOp("+", (LVar("x"), LInt(1))), {}) is None
