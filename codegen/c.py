@@ -310,23 +310,25 @@ class _Emitter(Facts):
         if not packs:
             return
         w = self.w
-        w.line("#ifdef _OPENMP")
-        w.line("const long tc_threads = omp_get_max_threads();")
-        w.line("#else")
-        w.line("const long tc_threads = 1;")
-        w.line("#endif")
+        if not all(p.shared for p in packs):
+            w.line("#ifdef _OPENMP")
+            w.line("const long tc_threads = omp_get_max_threads();")
+            w.line("#else")
+            w.line("const long tc_threads = 1;")
+            w.line("#endif")
         codes = []
         for p in packs:
             size = self._pack_elements(p) * self._itemsize(p.tensor)
             st = self.scop.tc_statement(p.stmt)
             codes.append((p, size, self._site("memory", st, p.tensor, 0, st.span)))
             ctype = CTYPE[self.tensors[p.tensor].dtype]
-            w.line(f"{ctype} *{p.buffer} = ({ctype} *)tc_aligned_alloc(64, tc_threads * {size}L);  "
-                   f"// packed panels of {p.tensor}, {size} bytes per thread")
+            copies = "" if p.shared else "tc_threads * "
+            w.line(f"{ctype} *{p.buffer} = ({ctype} *)tc_aligned_alloc(64, {copies}{size}L);  "
+                   f"// packed panels of {p.tensor}, {size} bytes" + ("" if p.shared else " per thread"))
         w.line(f"if ({' || '.join(f'!{p.buffer}' for p in packs)}) {{")
         with w.indent():
             for p, size, code in codes:
-                w.line(f"if (!{p.buffer}) tc_fail(tc_err, {code}, tc_threads * {size}L);")
+                w.line(f"if (!{p.buffer}) tc_fail(tc_err, {code}, {'' if p.shared else 'tc_threads * '}{size}L);")
                 w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
         w.line("}")
@@ -365,11 +367,14 @@ class _Emitter(Facts):
         w.line(f"{{  // statement {s.number}'s register tiles read {r.tensor} from {p.panels} packed panels of "
                f"{p.depth} x {p.width}")
         w.push()
-        w.line("#ifdef _OPENMP")
-        w.line(f"{ctype} *restrict pk_buf = {p.buffer} + omp_get_thread_num() * {self._pack_elements(p)}L;")
-        w.line("#else")
-        w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
-        w.line("#endif")
+        if p.shared:  # before the parallel loops: one copy that every thread reads
+            w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
+        else:
+            w.line("#ifdef _OPENMP")
+            w.line(f"{ctype} *restrict pk_buf = {p.buffer} + omp_get_thread_num() * {self._pack_elements(p)}L;")
+            w.line("#else")
+            w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
+            w.line("#endif")
         for g in (*tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")

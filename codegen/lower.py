@@ -382,7 +382,9 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         if not all(isinstance(x, Sym) for x in r.subs):
             continue
         subs = tuple(x for x in r.subs if isinstance(x, Sym))
-        if vectile.elem_step(f, r.tensor, subs, vt.row) != 1:
+        step = vectile.elem_step(f, r.tensor, subs, vt.row)
+        gathered = step not in (None, 0, 1)  # a strided row: a gather per step unless packed
+        if step != 1 and not gathered:
             continue
         moves: set[str] = set()
         for x in subs:
@@ -419,13 +421,22 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         itemsize = T.bits(f.tensors[r.tensor].dtype) // 8
         if panels * depth * width * itemsize > PACK_MAX_BYTES:
             continue
+        serial = tuple(g.var for g in t.serial)
+        if gathered:
+            # the panels are the same for every iteration of the loops around them, whose bounds
+            # they do not read: one copy before the parallel loops, read by every thread
+            outside = path[:next(k for k, x in enumerate(path) if x is reuse) + 1]
+            if not any(x.var in moves for x in outside) and \
+                    not any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in bounds):
+                return path[0], LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
+                                      serial, width, panels, depth, (), shared=True)
         inner = t.serial[-1]
         along = [i for i, a in args.items() if inner.var in expr_vars(a)]
         stride = vectile.elem_step(f, r.tensor, subs, along[0]) if len(along) == 1 else None
         if stride is None or not f.target.panel_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0):
             continue
-        return reuse, LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
-                            tuple(g.var for g in t.serial), width, panels, depth, ())
+        return reuse, LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width,
+                            panels, depth, ())
     return None
 
 

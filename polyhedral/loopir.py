@@ -190,7 +190,9 @@ class LPack(LNode):
     """CPU: before ``body``, copy what a register tile's vector read of ``tensor`` (read number
     ``read`` of statement ``stmt``) takes across ``panel`` (a loop of ``body`` moving along the row;
     "" for none) and the ``serial`` loops into ``buffer``: ``panels`` panels of ``depth`` steps of
-    ``width`` contiguous elements, in the order the tile reads them."""
+    ``width`` contiguous elements, in the order the tile reads them. ``shared``: the panels move
+    with no loop around the pack, which sits before the parallel loops: one copy per call that
+    every thread reads (else each thread packs its own)."""
 
     buffer: str
     tensor: str
@@ -202,6 +204,7 @@ class LPack(LNode):
     panels: int
     depth: int
     body: tuple[LNode, ...]
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -412,7 +415,7 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LPack):
         across = ", ".join(([n.panel] if n.panel else []) + list(n.serial))
         out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {n.panels} panels x "
-                   f"{n.depth} steps x {n.width}, across {across}")
+                   f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else ""))
         for b in n.body:
             _print(b, depth, out)
     elif isinstance(n, LDecl):

@@ -26,10 +26,12 @@ from tcdsl.tuner import space as S
 try:
     from defs import DEFS, assert_matches, make_inputs
     from targets import runnable_of
+    from tolerance import assert_sum_close
 except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, assert_matches, make_inputs
     from targets import runnable_of
+    from tolerance import assert_sum_close
 
 X86 = {"x86_64"}
 
@@ -185,8 +187,33 @@ def test_conv_output_rows_take_bands_where_their_input_outgrows_l2() -> None:
     def first_loop(isa: str, side: int) -> str:
         t = dataclasses.replace(cputarget.preset(isa), l2=mib)
         low = conv.lowered(np.zeros((8, 64, side, side), np.float32), np.zeros((64, 64, 3, 3), np.float32), target=t)
-        return str(low.passes[-1][1]).split("\n")[0]  # after the passes: the parallel loop marked
+        # after the passes: the parallel loop marked (below the notes of what is packed before it)
+        return next(line for line in str(low.passes[-1][1]).split("\n") if not line.startswith("//"))
 
     assert "c2 += 6)" in first_loop("avx2", 56) and "collapse(2)" in first_loop("avx2", 56)
     assert "c0 += 1)" in first_loop("avx2", 46)  # the images outermost, whole
     assert "c0 += 1)" in first_loop("avx512", 56)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_batch_of_one_takes_the_same_register_tile_as_a_batch(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv of one image plans the register tile a batch gets (the batch member, one wide and
+    invariant for every read, does not take a row of the tile), and computes the same numbers."""
+    conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
+    }""")
+    t = cputarget.preset(isa)
+    W = np.random.default_rng(3).standard_normal((32, 8, 3, 3)).astype(np.float32)
+
+    def tile(n: int) -> str:
+        low = conv.lowered(np.zeros((n, 8, 12, 56), np.float32), W, target=t)
+        return next(line.strip().split(";")[0] for line in str(low.passes[-1][1]).split("\n")
+                    if "register tile of" in line)
+
+    assert tile(1) == tile(3), (tile(1), tile(3))
+    if isa not in runnable_of(isa):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", isa)
+    I = np.random.default_rng(4).standard_normal((1, 8, 12, 56)).astype(np.float32)
+    assert_sum_close(conv(I, W), lambda a, b: np.einsum(
+        "nchwkl,fckl->nfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(2, 3)), b), I, W, terms=8 * 9)

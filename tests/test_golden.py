@@ -32,6 +32,10 @@ DEFS = {
                [(96, 80), (80, 100)]),
     "conv2d": ("def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
                "  O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)\n}", [(2, 8, 20, 20), (8, 8, 3, 3)]),
+    # 16 output channels: AVX2 runs it in vectors along the channels, the weights packed
+    "conv_channels": ("def conv_channels(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
+                      "  O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)\n}",
+                      [(2, 8, 12, 40), (16, 8, 3, 3)]),
     "conv_same": ("def conv_same(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
                   "  O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw)\n"
                   "    where h in 0:H, w in 0:W\n}",
