@@ -282,18 +282,20 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             row_split = {first: row_count, second: 1}
 
     # A conv on a target of 16 vector registers (AVX2) runs in vectors along the output channels
-    # instead: two vectors of channels x (the budget / 2) output columns, the weights packed into
-    # channel panels (codegen.lower's pack pass) and each input element broadcast. Along the
-    # columns, two of every three input loads start off a vector boundary (the kernel's shifts) and
-    # split across cache lines. AVX2 conv2d 8x64x56x56, 2 threads, paired interleaved rounds:
-    # 1.21x the 6 channels x 2 rows tile along the columns (faster in 9 of 11); AVX-512's 4 x 4
-    # tile of 16-lane rows stays (this form 0.97x there).
+    # instead: four (else two) vectors of channels x (the budget / 4, else / 2) output columns,
+    # the weights packed into channel panels (codegen.lower's pack pass) and each input element
+    # broadcast. Along the columns, two of every three input loads start off a vector boundary
+    # (the kernel's shifts) and split across cache lines. AVX2 conv2d 8x64x56x56, 2 threads, paired
+    # interleaved rounds: 2 vectors x 6 columns 1.21x the 6 channels x 2 rows tile along the
+    # columns (faster in 9 of 11), 4 x 3 a further 1.045x (10 of 11; 46x46: 1.026x, 8 of 11).
+    # AVX-512's 4 x 4 tile of 16-lane rows stays (this form 0.97x there).
     channel_vectors = 0
     if len(rows) == 2 and red and contig is not None and lanes > 1 and not whole_contig and not column and \
             budget < 16 and infos[contig].extent >= 4:
         first = min(rows)
-        if infos[first].extent % (2 * lanes) == 0 and infos[first].invariant > 0:
-            channel_vectors = 2 * lanes
+        count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
+        if count and infos[first].invariant > 0:
+            channel_vectors = count * lanes
             order = [i for i in order if i not in (first, contig) and i not in red] + [contig, first] + red
 
     def _band_rows(i: int) -> int:
@@ -317,7 +319,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         if not red:
             return 1
         if channel_vectors:
-            return channel_vectors if i == min(rows) else budget // 2 if i == contig else 1
+            return channel_vectors if i == min(rows) else budget * lanes // channel_vectors if i == contig else 1
         if i in rows:
             # one row member: 6 rows x 4 vectors = 24 accumulators (of 32 vector registers), each
             # operand vector loaded once per 6 fused multiply-adds (4 rows: 2.3x slower on matmul)
