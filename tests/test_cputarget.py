@@ -177,22 +177,25 @@ def test_random_options_on_every_vector_width(name: str, cpu: str, monkeypatch: 
 def test_conv_output_rows_take_bands_where_their_input_outgrows_l2() -> None:
     """A conv whose input rows, across every channel, outgrow 2/3 of L2 (64 channels of 56x56:
     800 KB of a 1 MB L2) runs in bands of output rows, whole register tiles dividing the rows (6 of
-    54), the bands and the images the parallel loops; at 46x46 (540 KB), and with AVX-512's
-    whole-row tiles, the image stays whole."""
+    54), the bands and the images the parallel loops; at 46x46 (540 KB), with AVX-512's whole-row
+    tiles, and with AVX2's tile in channel vectors (output channels filling them), the image stays
+    whole. 40 output channels keep AVX2 in its tile along the columns."""
     conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
         O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
     }""")
     mib = 1 << 20
 
-    def first_loop(isa: str, side: int) -> str:
+    def first_loop(isa: str, side: int, channels: int = 40) -> str:
         t = dataclasses.replace(cputarget.preset(isa), l2=mib)
-        low = conv.lowered(np.zeros((8, 64, side, side), np.float32), np.zeros((64, 64, 3, 3), np.float32), target=t)
+        low = conv.lowered(np.zeros((8, 64, side, side), np.float32), np.zeros((channels, 64, 3, 3), np.float32),
+                           target=t)
         # after the passes: the parallel loop marked (below the notes of what is packed before it)
         return next(line for line in str(low.passes[-1][1]).split("\n") if not line.startswith("//"))
 
     assert "c2 += 6)" in first_loop("avx2", 56) and "collapse(2)" in first_loop("avx2", 56)
     assert "c0 += 1)" in first_loop("avx2", 46)  # the images outermost, whole
     assert "c0 += 1)" in first_loop("avx512", 56)
+    assert "c0 += 1)" in first_loop("avx2", 56, channels=64)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
