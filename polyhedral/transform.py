@@ -34,6 +34,7 @@ ROW_TILES_PER_CACHE_TILE = 8  # its cache tile: eight register tiles
 # size, so that 2, 4 or 8 threads get equal shares (1024 rows: 8 tiles of 132, not 7 of 144 and
 # one of 16). Unpacked, the 48-row tiles balance better (AVX2 960x1000x1088: 201 against 140).
 PACKED_ROW_FACTOR, PACKED_ROW_BLOCKS = 3, 8
+COLUMN_TILE_ACCUMULATORS = 16  # AVX-512's 4 x 4 conv tile along the columns; fewer: channel vectors (plan)
 BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this share of L2 (plan)
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
@@ -291,7 +292,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # AVX-512's 4 x 4 tile of 16-lane rows stays (this form 0.97x there).
     channel_vectors = 0
     if len(rows) == 2 and red and contig is not None and lanes > 1 and not whole_contig and not column and \
-            budget < 16 and infos[contig].extent >= 4:
+            budget < COLUMN_TILE_ACCUMULATORS and infos[contig].extent >= 4:
         first = min(rows)
         count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
         if count and infos[first].invariant > 0:
