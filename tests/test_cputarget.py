@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -220,3 +221,27 @@ def test_a_batch_of_one_takes_the_same_register_tile_as_a_batch(isa: str, monkey
     I = np.random.default_rng(4).standard_normal((1, 8, 12, 56)).astype(np.float32)
     assert_sum_close(conv(I, W), lambda a, b: np.einsum(
         "nchwkl,fckl->nfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(2, 3)), b), I, W, terms=8 * 9)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_strided_conv_gets_a_register_tile(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv with a stride of 2 runs its channels inside a register tile of output channels x
+    columns, not with its reductions innermost: its 3x3 window reads contiguous memory, the
+    columns do not, and that small window no longer decides the plan. Against numpy."""
+    conv = tc.define("""def conv_s2(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,2*h + r_kh,2*w + r_kw) * W1(f,r_c,r_kh,r_kw)
+            where h in 0:(H-KH)/2+1, w in 0:(W-KW)/2+1
+    }""")
+    rng = np.random.default_rng(6)
+    I = rng.standard_normal((2, 8, 13, 37)).astype(np.float32)
+    W = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    low = conv.lowered(I, W, target=cputarget.preset(isa))
+    tiles = [line for line in str(low.passes[-1][1]).split("\n") if "register tile of S1 across" in line]
+    # the channels and the window inside the tile
+    assert tiles and re.search(r"register tile of S1 across c\d+, c\d+, c\d+;", tiles[0]), str(low.passes[-1][1])
+    if isa not in runnable_of(isa):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", isa)
+    win = np.lib.stride_tricks.sliding_window_view
+    assert_sum_close(conv(I, W), lambda a, b: np.einsum(
+        "nchwkl,fckl->nfhw", win(a, (3, 3), axis=(2, 3))[:, :, ::2, ::2], b), I, W, terms=8 * 9)
