@@ -419,8 +419,8 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             depth *= c
         assert panels is not None
         itemsize = T.bits(f.tensors[r.tensor].dtype) // 8
-        if panels * depth * width * itemsize > PACK_MAX_BYTES:
-            continue
+        if panels * depth * width * itemsize > PACK_MAX_BYTES and not gathered:
+            continue  # (a gathered read packs once per call, on the heap: any size)
         serial = tuple(g.var for g in t.serial)
         if gathered:
             # the panels are the same for every iteration of the loops around them, whose bounds

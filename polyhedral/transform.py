@@ -287,22 +287,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         else:
             row_split = {first: row_count, second: 1}
 
-    # A conv on a target of 16 vector registers (AVX2) runs in vectors along the output channels
-    # instead: four (else two) vectors of channels x (the budget / 4, else / 2) output columns,
-    # the weights packed into channel panels (codegen.lower's pack pass) and each input element
-    # broadcast. Along the columns, two of every three input loads start off a vector boundary
-    # (the kernel's shifts) and split across cache lines. AVX2 conv2d 8x64x56x56, 2 threads, paired
-    # interleaved rounds: 2 vectors x 6 columns 1.21x the 6 channels x 2 rows tile along the
-    # columns (faster in 9 of 11), 4 x 3 a further 1.045x (10 of 11; 46x46: 1.026x, 8 of 11).
-    # AVX-512's 4 x 4 tile of 16-lane rows stays (this form 0.97x there).
-    channel_vectors = 0
-    if len(rows) == 2 and red and contig is not None and lanes > 1 and not whole_contig and not column and \
-            budget < COLUMN_TILE_ACCUMULATORS and infos[contig].extent >= 4:
-        first = min(rows)
-        count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
-        if count and infos[first].invariant > 0:
-            channel_vectors = count * lanes
-            order = [i for i in order if i not in (first, contig) and i not in red] + [contig, first] + red
+    channel_vectors = 0  # decided below, once the cache tiles are known
 
     def _band_rows(i: int) -> int:
         """A conv's output rows per cache tile (the second row member), where the input rows all
@@ -357,6 +342,23 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
                 return exact[0]
             return min(wide, _pow2_floor(e)) if e >= lanes else e if e >= 4 else 1
         return 1
+
+    # A conv on a target of 16 vector registers (AVX2) runs in vectors along the output channels
+    # instead: four (else two) vectors of channels x (the budget / 4, else / 2) output columns,
+    # the weights packed into channel panels (codegen.lower's pack pass) and each input element
+    # broadcast. Along the columns, two of every three input loads start off a vector boundary
+    # (the kernel's shifts) and split across cache lines. AVX2 conv2d 8x64x56x56, 2 threads, paired
+    # interleaved rounds: 2 vectors x 6 columns 1.21x the 6 channels x 2 rows tile along the
+    # columns (faster in 9 of 11), 4 x 3 a further 1.045x (10 of 11; 46x46: 1.026x, 8 of 11).
+    # AVX-512's 4 x 4 tile of 16-lane rows stays (this form 0.97x there).
+    if len(rows) == 2 and red and contig is not None and lanes > 1 and not whole_contig and not column and \
+            budget < COLUMN_TILE_ACCUMULATORS and infos[contig].extent >= 4:
+        first = min(rows)
+        count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
+        # (the channels and the reductions untiled: the weights pack once, for every thread)
+        if count and infos[first].invariant > 0 and not default_tile(first) and not any(default_tile(r) for r in red):
+            channel_vectors = count * lanes
+            order = [i for i in order if i not in (first, contig) and i not in red] + [contig, first] + red
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
     if options.point_order is not None and len(options.point_order) == n:
