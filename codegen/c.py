@@ -322,16 +322,20 @@ class _Emitter(Facts):
             st = self.scop.tc_statement(p.stmt)
             codes.append((p, size, self._site("memory", st, p.tensor, 0, st.span)))
             ctype = CTYPE[self.tensors[p.tensor].dtype]
-            copies = "" if p.shared else "tc_threads * "
-            w.line(f"{ctype} *{p.buffer} = ({ctype} *)tc_aligned_alloc(64, {copies}{size}L);  "
+            w.line(f"{ctype} *{p.buffer} = ({ctype} *)tc_aligned_alloc(64, {self._pack_bytes(p, size)});  "
                    f"// packed panels of {p.tensor}, {size} bytes" + ("" if p.shared else " per thread"))
         w.line(f"if ({' || '.join(f'!{p.buffer}' for p in packs)}) {{")
         with w.indent():
             for p, size, code in codes:
-                w.line(f"if (!{p.buffer}) tc_fail(tc_err, {code}, {'' if p.shared else 'tc_threads * '}{size}L);")
+                w.line(f"if (!{p.buffer}) tc_fail(tc_err, {code}, {self._pack_bytes(p, size)});")
                 w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
         w.line("}")
+
+    @staticmethod
+    def _pack_bytes(p: LPack, size: int) -> str:
+        """The C expression of a pack buffer's bytes: one copy, or one per thread."""
+        return f"{size}L" if p.shared else f"tc_threads * {size}L"
 
     def _itemsize(self, tensor: str) -> int:
         return int(np.dtype(self.tensors[tensor].dtype).itemsize)

@@ -355,8 +355,14 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             budget < COLUMN_TILE_ACCUMULATORS and infos[contig].extent >= 4:
         first = min(rows)
         count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
+        given = _fit(options.tile, n, 0) if options.tile is not None else None
+
+        def cut(i: int) -> bool:  # a cache tile across member i, the options' or the default
+            size = given[i] if given is not None else default_tile(i)
+            return 1 < size < infos[i].extent
+
         # (the channels and the reductions untiled: the weights pack once, for every thread)
-        if count and infos[first].invariant > 0 and not default_tile(first) and not any(default_tile(r) for r in red):
+        if count and infos[first].invariant > 0 and not cut(first) and not any(cut(r) for r in red):
             channel_vectors = count * lanes
             order = [i for i in order if i not in (first, contig) and i not in red] + [contig, first] + red
 
