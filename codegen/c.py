@@ -528,6 +528,7 @@ class _Emitter(Facts):
                f"across {rt.loop.var}")
         with w.indent():
             inside = next((f for f in rt.serial if f.var == rt.inside), None) if rt.inside else None
+            first = _top(self._lexpr(rt.first)) if rt.first is not None else None
             vt = rt.vector
             self.vector_code |= vt is not None
             self.vector_tiles |= vt is not None
@@ -537,7 +538,7 @@ class _Emitter(Facts):
                 for test, case, shift, note in vectile.cases(vt):
                     w.line(f"{head} ({' && '.join(_top(self._lexpr(x)) for x in test)}) {{{note}")
                     with w.indent():
-                        vectile.emit(self, case, rt.identity, shift)
+                        vectile.emit(self, case, rt.identity, shift, first)
                     head = "} else if"
                 w.line("} else")
                 w.line("#endif")
@@ -545,11 +546,13 @@ class _Emitter(Facts):
                 w.push()
             elif vt is not None:
                 w.line("#if TC_VEC")
-                vectile.emit(self, vt, rt.identity)
+                vectile.emit(self, vt, rt.identity, first_chunk=first)
                 w.line("#else")
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
             if rt.identity:  # the tile runs the whole reduction: no load, no init nest
                 self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
+            elif first is not None:  # its first chunk starts from the identity (no init nest)
+                self._tile_loops(rt, f"{acc} = ({first}) ? {_literal(T.identity(s.op, t.dtype), ctype)} : {target};")
             else:
                 self._tile_loops(rt, f"{acc} = {target};")
             serial = [f for f in rt.serial if f is not inside]

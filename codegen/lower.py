@@ -154,11 +154,12 @@ def blocked_transposes(ir: LoopIR, f: Facts) -> LoopIR:
 # ---- regtile ----
 def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
     """Register tiles (regtile.match); a ``!`` statement whose tiles run its whole reduction starts
-    them at the identity, and its initialisation nests go (regtile.identity_starts). A tile that
-    runs the whole reduction of its elements while other updates of the statement do not (the
-    interior of a split statement) starts at the identity too; the initialisation stays for the
-    others."""
-    identity = regtile.identity_starts(ir.body, f.scop, f.c)
+    them at the identity, and its initialisation nests go (regtile.identity_starts). Where a cache
+    tile outside cuts the reduction into chunks, the tiles start at the identity in the first chunk
+    and load the target in the others. A tile that runs the whole reduction of its elements while
+    other updates of the statement do not (the interior of a split statement) starts at the
+    identity too; the initialisation stays for the others."""
+    identity, firsts = regtile.identity_starts(ir.body, f.scop, f.c)
 
     def visit(n: LNode) -> LNode | None:
         if not isinstance(n, LFor):
@@ -167,6 +168,9 @@ def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
         if rt is None:
             return None
         s = f.scop.tc_statement(rt.call.stmt)
+        first = firsts.get(id(n))
+        if first is not None:  # the tile's first chunk, or (1) the tile's own loops run them all
+            return replace(rt, identity=True) if first == LInt(1) else replace(rt, first=first)
         return replace(rt, identity=s.number in identity or (s.init and regtile.whole_reduction(rt, f.scop, s)))
 
     body = rewrite(ir.body, visit)

@@ -22,7 +22,9 @@ from tcdsl.polyhedral.loopir import (
     LTile,
     LVar,
     const_upper,
+    expr_value,
     expr_vars,
+    loop_values,
     sum_terms,
     walk,
 )
@@ -88,42 +90,119 @@ def _unit_in(e: LExpr, var: str, inner: list[str]) -> bool:
     return terms.count(LVar(var)) == 1 and not any(expr_vars(t) & set(inner) for t in terms if t != LVar(var))
 
 
-def identity_starts(body: tuple[LNode, ...], scop: Scop, checked: CheckedDef) -> set[int]:
+def identity_starts(body: tuple[LNode, ...], scop: Scop,
+                    checked: CheckedDef) -> tuple[set[int], dict[int, LExpr]]:
     """The ``!`` statements whose register tiles can start from the identity instead of loading
     the target (so their separate initialisation nests can go: maxpool writes and re-reads O
-    once less): every update of the statement sits in a register tile whose serial loops run the
-    whole, rectangular reduction of each element, every element the initialisation writes is
-    updated, and the initialisation has top-level nests of its own."""
-    tiles: dict[str, list[LTile]] = {}
+    once less, a K-tiled matmul writes C once less): every update of the statement sits in a
+    register tile whose serial loops run the whole, rectangular reduction of each element, or one
+    chunk of it that a serial loop around the tile steps through in order (``first_chunk``); every
+    element the initialisation writes is updated; and the initialisation has top-level nests of
+    its own. Also, by the ``id`` of each such tile's root loop that ``whole_reduction`` does not
+    cover, where it starts from the identity (``first_chunk``: its first chunk, or ``1``)."""
+    tiles: dict[str, list[tuple[LTile, int, tuple[LFor, ...]]]] = {}
     calls: dict[str, int] = {}
 
-    def visit(nodes: tuple[LNode, ...]) -> None:
+    def visit(nodes: tuple[LNode, ...], around: tuple[LFor, ...]) -> None:
         for n in nodes:
             if isinstance(n, LFor):
                 rt = match(n, scop, checked)
                 if rt is not None:
-                    tiles.setdefault(rt.call.stmt, []).append(rt)
+                    tiles.setdefault(rt.call.stmt, []).append((rt, id(n), around))
                     calls[rt.call.stmt] = calls.get(rt.call.stmt, 0) + 1
                     continue
-                visit(n.body)
+                visit(n.body, (*around, n))
             elif isinstance(n, LIf):
-                visit(n.then)
-                visit(n.other)
+                visit(n.then, around)
+                visit(n.other, around)
             elif isinstance(n, LCall):
                 calls[n.stmt] = calls.get(n.stmt, 0) + 1
 
-    visit(body)
+    visit(body, ())
     out: set[int] = set()
+    firsts: dict[int, LExpr] = {}
     for s in checked.stmts:
         name = f"S{s.number}"
         if not s.init or name not in tiles or calls.get(name) != len(tiles[name]):
             continue
-        if not all(whole_reduction(rt, scop, s) for rt in tiles[name]):
-            continue
-        if not _init_nests_apart(body, f"init{s.number}") or not _updates_cover_init(scop, s.number):
-            continue
-        out.add(s.number)
-    return out
+        starts: dict[int, LExpr] = {}
+        for rt, root, around in tiles[name]:
+            if whole_reduction(rt, scop, s):
+                continue
+            first = first_chunk(rt, around, scop, s)
+            if first is None:
+                break
+            starts[root] = first
+        else:
+            if not _init_nests_apart(body, f"init{s.number}") or not _updates_cover_init(scop, s.number):
+                continue
+            out.add(s.number)
+            firsts.update(starts)
+    return out, firsts
+
+
+def first_chunk(rt: LTile, around: tuple[LFor, ...], scop: Scop, s: Statement) -> LExpr | None:
+    """Where a serial loop cuts the statement's reduction into chunks that the tile's serial loops
+    run (``around``: the loops enclosing the tile, outermost first): the condition under which the
+    tile runs each element's first chunk (the cutting loops around the tile at their first values;
+    ``1`` where the cutting loops are the tile's own, which then runs the whole reduction). None
+    unless each reduction index is one serial loop of the tile (each used once), plus at most one
+    serial loop around it or before it in the tile, with constant bounds and not moving the
+    target, whose chunks cover the reduction's rectangular range once, in order."""
+    st = scop.stmt(rt.call.stmt)
+    args = dict(zip(st.indices, rt.call.args))
+    sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
+    ranges = {r.name: r for r in s.ranges}
+    lhs_vars = set().union(*(expr_vars(args[i]) for i in s.lhs)) if s.lhs else set()
+    loops = {g.var: g for g in (*around, *rt.serial)}
+    own = {f.var for f in rt.serial}
+    tests: list[LExpr] = []
+    used: set[str] = set()
+    for r in s.reductions:
+        lo, hi = ranges[r].lo.subs(sizes), ranges[r].hi.subs(sizes)
+        terms = sum_terms(args[r])
+        names = [t.name for t in terms if isinstance(t, LVar)]
+        if lo.terms or hi.terms or any(not isinstance(t, (LVar, LInt)) for t in terms) or \
+                any(n not in loops for n in names) or len(set(names)) != len(names) or not 1 <= len(names) <= 2:
+            return None
+        order = sorted(names, key=list(loops).index)  # the cutting loop, then the point loop
+        f, g = loops[order[-1]], (loops[order[0]] if len(order) == 2 else None)
+        if f.var not in own or f.step != 1 or (g is not None and (
+                g.parallel or g.var in lhs_vars or expr_vars(g.init) or expr_vars(g.cond) - {g.var})):
+            return None
+        used |= set(names)
+        const = sum(t.value for t in terms if isinstance(t, LInt))
+        g_values = [0]
+        if g is not None:
+            envs = loop_values((g,), {g.var}, limit=1 << 14)
+            if not envs:
+                return None
+            g_values = [e[g.var] for e in envs]
+            if g.var not in own:
+                tests.append(LOp("==", (LVar(g.var), LInt(g_values[0]))))
+        at = lo.const
+        for v in g_values:
+            env = {g.var: v} if g is not None else {}
+            first, last = expr_value(f.init, env), _last(f, env)
+            if first is None or last is None or first + v + const != at or last < first:
+                return None
+            at = last + v + const + 1
+        if at != hi.const:
+            return None
+    if own - used:
+        return None
+    if not tests:
+        return LInt(1)
+    return tests[0] if len(tests) == 1 else LOp("&&", tuple(tests))
+
+
+def _last(f: LFor, env: dict[str, int]) -> int | None:
+    """The last value of a step-1 loop whose condition is ``var <= e`` or ``var < e``."""
+    c = f.cond
+    if not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)):
+        return None
+    e = expr_value(c.args[1], env)
+    return None if e is None else e - (1 if c.op == "<" else 0)
 
 
 def whole_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:

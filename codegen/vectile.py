@@ -399,10 +399,12 @@ def _syms(r: Read) -> tuple[Sym, ...]:
     return tuple(x for x in r.subs if isinstance(x, Sym))
 
 
-def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None = None) -> None:
-    """The tile in vectors: accumulators set (to the identity, or loaded from the target), the
-    serial loops around one unrolled step of every accumulator, then the stores; with ``shift``,
-    the vector loop starts there (``VectorTile.shift``)."""
+def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None = None,
+         first_chunk: str | None = None) -> None:
+    """The tile in vectors: accumulators set (to the identity, or loaded from the target; with
+    ``first_chunk``, a C condition, to the identity where it holds and loaded elsewhere), the serial loops
+    around one unrolled step of every accumulator, then the stores; with ``shift``, the vector loop
+    starts there (``VectorTile.shift``)."""
     rt, s, w = vt.rt, vt.stmt, em.w
     st = em.scop.stmt(rt.call.stmt)
     args = dict(zip(st.indices, rt.call.args))
@@ -439,7 +441,19 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         at = target(*key)
         return f"{vtype(key)}_load(&{at})" if vt.stride == 1 else f"{v}_gather(&{at}, {vt.stride})"
 
-    for key in tiles:
+    if first_chunk is not None and not identity_start:  # the reduction's first chunk, or a later one
+        for key in tiles:
+            w.line(f"{vtype(key)} {acc[key]};")
+        w.line(f"if ({first_chunk}) {{")
+        with w.indent():
+            for key in tiles:
+                w.line(f"{acc[key]} = {vtype(key)}{identity};")
+        w.line("} else {")
+        with w.indent():
+            for key in tiles:
+                w.line(f"{acc[key]} = {load(key)};")
+        w.line("}")
+    for key in tiles if first_chunk is None or identity_start else ():
         value = vtype(key) + identity if identity_start else load(key)
         w.line(f"{vtype(key)} {acc[key]} = {value};")
     for loop in rt.serial:

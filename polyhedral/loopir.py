@@ -144,6 +144,7 @@ class LTile(LNode):
     call: LCall
     extents: tuple[int, ...]
     identity: bool = False  # the tile starts at the reduction's identity (its init nest is gone)
+    first: LExpr | None = None  # or starts there where this holds (its reduction's first chunk), else loads
     simd: bool = False  # the innermost tile loop is vectorised by the compiler
     inside: str = ""  # a short serial loop run inside the tile loops (a strided window)
     split: int = 0  # the innermost tile loop runs as two loops, below this value and from it
@@ -431,6 +432,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         how = [f"{'x'.join(map(str, n.extents))} register tile of {n.call.stmt} across "
                f"{', '.join(f.var for f in n.serial)}"]
         how += [t for t, on in (("from the identity", n.identity), ("simd", n.simd)) if on]
+        if n.first is not None:
+            how.insert(1, f"from the identity when {expr_text(n.first)}, else loaded")
         if n.inside:
             how.append(f"{n.inside} inside the tile loops")
         if n.split:
