@@ -1,9 +1,10 @@
 """MappingOptions: the one knob object that enters the schedule stage (frozen, JSON round trip).
 
 CPU knobs: fusion strategy, tile sizes, register tiles (unroll-and-jam), point-loop order,
-vectorisation, OpenMP and the depth of the parallel loop. ``None`` means "let the default
-heuristic decide" (see ``polyhedral.transform``). GPU knobs (TC's): tiles, blocks and threads per
-dimension (x first), shared and private memory promotion, copy unrolling (see ``polyhedral.gpu``).
+vectorisation, OpenMP, the depth of the parallel loop, unrolling and the operands' layout.
+``None`` means "let the default heuristic decide" (see ``polyhedral.transform``). GPU knobs
+(TC's): tiles, blocks and threads per dimension (x first), shared and private memory promotion,
+copy unrolling (see ``polyhedral.gpu``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .errors import TcArgumentError, did_you_mean
 
 FUSION = ("max", "preserve", "min")
 # the fields each backend reads (fusion: both)
-CPU_FIELDS = ("fusion", "tile", "register_tile", "point_order", "vectorize", "openmp", "parallel_depth", "unroll")
+CPU_FIELDS = ("fusion", "tile", "register_tile", "point_order", "vectorize", "openmp", "parallel_depth", "unroll",
+              "layout")
 GPU_FIELDS = ("fusion", "tile", "blocks", "threads", "shared_memory", "max_shared_memory", "private_memory",
               "unroll", "unroll_copy_shared")
 
@@ -34,6 +36,10 @@ class MappingOptions:
     openmp: bool = True
     parallel_depth: int = 0  # which parallel loop level gets `omp parallel for` (0: outermost)
     unroll: int = 0  # fully unroll innermost point loops up to this trip count (0: off)
+    # C: an A*B^T contraction with its operands laid out (tcdsl.layout: a transposed operand and
+    # output), its tiles, register tiles and point order then those of the laid-out def (True), or
+    # as written (False); None: laid out unless tiles, register tiles or a point order are given
+    layout: bool | None = None
     blocks: tuple[int, ...] | None = None  # GPU grid size per dim, x first (None: 256, 256)
     threads: tuple[int, ...] | None = None  # GPU block size per dim, x first (None: 32, 8)
     shared_memory: bool = True  # GPU: promote reused or uncoalesced input tiles to shared memory

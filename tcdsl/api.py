@@ -198,9 +198,10 @@ class Kernel:
 
     def _for_c(self, inst: Instance, options: MappingOptions) -> Instance:
         """The instance the C backend compiles: the def with its contractions' operands laid out
-        (tcdsl.layout) unless the options fix tiles or loop orders for the def as written."""
-        if self._layout is None or options.tile is not None or options.register_tile is not None \
-                or options.point_order is not None:
+        (tcdsl.layout) as ``options.layout`` says (by default, unless the options fix tiles or loop
+        orders for the def as written)."""
+        fixed = options.tile is not None or options.register_tile is not None or options.point_order is not None
+        if self._layout is None or options.layout is False or (options.layout is None and fixed):
             return inst
         key = tuple(sorted(inst.sizes.items()))
         laid = self._laid_out.get(key)

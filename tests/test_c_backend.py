@@ -1085,11 +1085,14 @@ def test_contraction_against_a_transposed_operand_is_laid_out_and_exact(b: int, 
     I, W, bias = f32((b, m)), f32((n, m), 1), f32((n,), 2)
     assert set(k.lowered(I, W, bias).scop.inst.checked.tensors) >= {"I_t", "O_t"}
     assert_sum_close(k(I, W, bias, backend="c"), lambda I, W, b: _fc(I, W.T, b), I, W, bias, terms=m + 1)
-    # explicit tiles are meant for the def as written: no rewrite then
-    opts = MappingOptions(tile=(8, 8, 8))
-    assert "I_t" not in k.lowered(I, W, bias, options=opts).scop.inst.checked.tensors
-    assert_sum_close(k(I, W, bias, backend="c", options=opts), lambda I, W, b: _fc(I, W.T, b), I, W, bias,
-                     terms=m + 1)
+    # explicit tiles are meant for the def as written: no rewrite then, unless layout=True says that
+    # they are the laid-out def's; layout=False keeps the def as written with the default tiles
+    for opts, laid in ((MappingOptions(tile=(8, 8, 8)), False), (MappingOptions(tile=(8, 8, 8), layout=True), True),
+                       (MappingOptions(register_tile=(2, 8, 1), point_order=(0, 2, 1), layout=True), True),
+                       (MappingOptions(layout=False), False)):
+        assert ("I_t" in k.lowered(I, W, bias, options=opts).scop.inst.checked.tensors) == laid, opts
+        assert_sum_close(k(I, W, bias, backend="c", options=opts), lambda I, W, b: _fc(I, W.T, b), I, W, bias,
+                         terms=m + 1)
 
 
 def test_layout_leaves_other_statements_alone():

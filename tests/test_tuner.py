@@ -65,6 +65,25 @@ def test_space_round_trips_options_and_prunes_spilling_register_tiles():
     assert spill is not None and "register tile of 2048" in (S.prune(space, spill) or "")
 
 
+def test_space_of_an_a_bt_contraction_lays_its_tiles_out_or_not():
+    """A def whose contraction is laid out (tcdsl.layout) gets a layout gene: explicit tiles for the
+    def as written (None) or for the laid-out def (True); a def without one has no such gene and no
+    genome for layout=True."""
+    fc = tc.define("def fc(float(B,M) I, float(N,M) W) -> (O) { O(b,n) +=! I(b,r_m) * W(n,r_m) }")
+    space = S.space_for(fc.checked, {"B": 32, "M": 300, "N": 200})
+    choices = dict((g.name, g.choices) for g in space.genes)
+    assert choices["layout"] == (None, True)
+    # the levels of both: (b, n, m) as written, (m, b) / (n, b, m) / (b, n) laid out
+    assert (max(choices["tile0"]), max(choices["tile1"]), max(choices["tile2"])) == (256, 128, 256)
+    for opts in (MappingOptions(), MappingOptions(tile=(64, 16, 128), register_tile=(6, 16, 1), layout=True),
+                 MappingOptions(tile=(16, 64, 128), register_tile=(1, 1, 1))):
+        g = S.from_options(space, opts)
+        assert g is not None and S.to_options(space, g) == opts
+    mm = S.space_for(tc.define(MM).checked, {"M": 64, "K": 48, "N": 200})
+    assert "layout" not in [g.name for g in mm.genes]
+    assert S.from_options(mm, MappingOptions(layout=True)) is None
+
+
 def test_canonical_text_ignores_names_but_not_structure():
     same = S.canonical_text(tc.define(MM).checked), S.canonical_text(tc.define(MM_RENAMED).checked)
     assert same[0] == same[1]

@@ -2,11 +2,12 @@
 
 For the C backend a genome chooses the fusion strategy, whether the tiles come from the default
 heuristic or from the genome (tile sizes per band member, register tiles, a point-loop order),
-vectorisation, the parallel loop's depth and the unroll limit. For the GPU backends (TC's
-options) it chooses the fusion, tile sizes, blocks and threads per dimension, shared and private
-memory, unrolling and copy unrolling. Genomes that cannot run well are pruned before compiling
-(``prune``): on the GPU, mappings the device cannot launch (the static resource proof) and blocks
-of fewer than a warp of threads.
+vectorisation, the parallel loop's depth and the unroll limit; for a def with an ``A Bᵀ``
+contraction, also whether the genome's tiles apply to the def laid out
+(``MappingOptions.layout``). For the GPU backends (TC's options) it chooses the fusion, tile
+sizes, blocks and threads per dimension, shared and private memory, unrolling and copy unrolling.
+Genomes that cannot run well are pruned before compiling (``prune``): on the GPU, mappings the
+device cannot launch (the static resource proof) and blocks of fewer than a warp of threads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tcdsl.core.checked import CheckedDef
 from tcdsl.core.errors import TcScheduleError
 from tcdsl.core.options import FUSION, MappingOptions
 from tcdsl.core.sema import BUILTINS
+from tcdsl.layout import rewrite
 from tcdsl.polyhedral.gpu import DEFAULT_BLOCKS, DEFAULT_THREADS, SM90, check_options
 
 from .genetic import Gene, Genome, Space
@@ -69,9 +71,16 @@ def orders(n: int) -> list[tuple[int, ...] | None]:
 
 
 def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
-    """The genes of the C backend for ``checked`` at ``sizes``."""
+    """The genes of the C backend for ``checked`` at ``sizes``; for a def with an ``A Bᵀ``
+    contraction (tcdsl.layout), whether explicit tiles apply to the def laid out or as written
+    (the tile genes then cover the loop levels of both)."""
     ext = extents(checked, sizes)
+    laid = rewrite(checked)
+    if laid is not None:
+        ext = [max(a, b) for a, b in itertools.zip_longest(ext, extents(laid, sizes), fillvalue=1)]
     genes = [Gene("fusion", (None, *FUSION)), Gene("tiles", ("default", "explicit"))]
+    if laid is not None:
+        genes.append(Gene("layout", (None, True)))
     for level, e in enumerate(ext):
         genes.append(Gene(f"tile{level}", tile_choices(e)))
     for level, e in enumerate(ext):
@@ -154,7 +163,7 @@ def to_options(space: Space, genome: Genome) -> MappingOptions:
         tile=tuple(v[f"tile{i}"] for i in range(n)) if explicit else None,
         register_tile=tuple(v[f"register{i}"] for i in range(n)) if explicit else None,
         point_order=tuple(v["order"]) if explicit and v["order"] is not None else None,
-        vectorize=v["vectorize"], parallel_depth=v["parallel_depth"], unroll=v["unroll"])
+        vectorize=v["vectorize"], parallel_depth=v["parallel_depth"], unroll=v["unroll"], layout=v.get("layout"))
 
 
 def from_options(space: Space, options: MappingOptions) -> Genome | None:
@@ -168,6 +177,10 @@ def from_options(space: Space, options: MappingOptions) -> Genome | None:
     values: dict[str, Any] = {"fusion": options.fusion, "tiles": "explicit" if explicit else "default",
                               "order": options.point_order if explicit else None, "vectorize": options.vectorize,
                               "parallel_depth": options.parallel_depth, "unroll": options.unroll}
+    if any(g.name == "layout" for g in space.genes):
+        values["layout"] = options.layout
+    elif options.layout is not None:
+        return None
     values.update({f"tile{i}": tile[i] for i in range(n)})
     values.update({f"register{i}": reg[i] for i in range(n)})
     try:
