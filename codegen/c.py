@@ -344,7 +344,8 @@ class _Emitter(Facts):
         """Elements of one thread's buffer: the panels, rounded up to whole 64-byte lines (each
         thread's buffer stays aligned, and aligned_alloc gets a multiple of its alignment)."""
         per_line = 64 // self._itemsize(p.tensor)
-        return -(-p.panels * p.depth * p.width // per_line) * per_line
+        blocks = math.prod(t for _, t in p.chunks)
+        return -(-blocks * p.panels * p.depth * p.width // per_line) * per_line
 
     def _pack(self, p: LPack) -> None:
         """The panels of ``p`` copied into this thread's part of its buffer (``_pack_buffers``),
@@ -367,6 +368,14 @@ class _Emitter(Facts):
             assert count is not None
             stride *= count
         depth = " + ".join(reversed(terms))
+        outer = {x.var: x for x in walk(p.body) if isinstance(x, LFor) and x.var in dict(p.chunks)}
+        chunks = [outer[v] for v, _ in p.chunks]
+        block = ""  # the chunks' index, then the panel's (a pack of the whole operand)
+        for g, (_, trips) in zip(chunks, p.chunks):
+            index = f"({g.var} - {_top(self._lexpr(g.init))}) / {g.step}"
+            block = f"({block} * {trips} + {index})" if block else index
+        if block:
+            steps = [f"({block} * {p.panels} + {steps[0]})" if steps else f"{block} * {p.panels}"]
         base = f"({steps[0]} * {p.depth} + {depth}) * {p.width}" if steps else f"({depth}) * {p.width}"
         w.line(f"{{  // statement {s.number}'s register tiles read {r.tensor} from {p.panels} packed panels of "
                f"{p.depth} x {p.width}")
@@ -379,7 +388,10 @@ class _Emitter(Facts):
             w.line("#else")
             w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
             w.line("#endif")
-        for g in (*tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
+        if p.parallel:  # the whole operand: the threads copy its blocks
+            collapse = f" collapse({len(chunks)})" if len(chunks) > 1 else ""
+            w.line(f"#pragma omp parallel for schedule(static){collapse}")
+        for g in (*chunks, *tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")
             w.push()
@@ -392,7 +404,7 @@ class _Emitter(Facts):
         w.line(f"  pk_buf[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
                f"{self._access(r.tensor, subs, env)};")
         w.line("}")
-        for _ in (*panel, *tile.serial):
+        for _ in (*panel, *tile.serial, *chunks):
             w.pop()
             w.line("}")
         self.packed[id(r)] = f"pk_buf[{base} + "

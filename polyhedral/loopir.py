@@ -193,7 +193,10 @@ class LPack(LNode):
     "" for none) and the ``serial`` loops into ``buffer``: ``panels`` panels of ``depth`` steps of
     ``width`` contiguous elements, in the order the tile reads them. ``shared``: the panels move
     with no loop around the pack, which sits before the parallel loops: one copy per call that
-    every thread reads (else each thread packs its own)."""
+    every thread reads (else each thread packs its own). ``chunks``: loops of ``body`` outside the
+    tile's reuse (name, trip count; outermost first) that move the read too, each a dimension of
+    the buffer (a shared pack of the whole operand, its copy split among the threads when
+    ``parallel``)."""
 
     buffer: str
     tensor: str
@@ -206,6 +209,8 @@ class LPack(LNode):
     depth: int
     body: tuple[LNode, ...]
     shared: bool = False
+    chunks: tuple[tuple[str, int], ...] = ()
+    parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,9 +419,11 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LSync):
         out.append(f"{pad}sync()")
     elif isinstance(n, LPack):
-        across = ", ".join(([n.panel] if n.panel else []) + list(n.serial))
-        out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {n.panels} panels x "
-                   f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else ""))
+        across = ", ".join([c for c, _ in n.chunks] + ([n.panel] if n.panel else []) + list(n.serial))
+        blocks = "".join(f"{t} x " for _, t in n.chunks)
+        out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {blocks}{n.panels} panels x "
+                   f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else "")
+                   + (", copied by all threads" if n.parallel else ""))
         for b in n.body:
             _print(b, depth, out)
     elif isinstance(n, LDecl):

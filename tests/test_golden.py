@@ -31,9 +31,10 @@ DEFS = {
     "matmul": ("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }",
                [(96, 80), (80, 100)]),
     # a reduction longer than its cache tile: the register tiles start from the identity in the
-    # first chunk and load C in the others (no initialisation nest)
+    # first chunk and load C in the others (no initialisation nest); on AVX2, two row blocks read
+    # B from one pack of all of it, its chunks a dimension of the buffer
     "matmul_chunks": ("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }",
-                      [(24, 300), (300, 40)]),
+                      [(140, 300), (300, 64)]),
     "conv2d": ("def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {\n"
                "  O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)\n}", [(2, 8, 20, 20), (8, 8, 3, 3)]),
     # 16 output channels: AVX2 runs it in vectors along the channels, the weights packed

@@ -655,3 +655,25 @@ def test_first_chunk_starts_from_identity(kind: str, K: int, target: cputarget.C
         # each factor's rounding: relative error grows with the count of factors
         np.testing.assert_allclose(got, want, rtol=4 * K * np.finfo(np.float32).eps)
     np.testing.assert_array_equal(got, k(*args, options=MappingOptions(vectorize=False)))
+
+
+@pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
+@pytest.mark.parametrize("shape", [(300, 256, 256), (280, 300, 768), (140, 129, 1024)])
+def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On AVX2 (16-lane panels, half a line per vector) a matmul with several row blocks packs the
+    whole of B once per call, before the parallel loops, the column blocks and the reduction's
+    chunks becoming dimensions of the buffer (the last of each cut short here but for the first
+    shape): the numbers of numpy, and the bits of the per-thread packs the pass made before."""
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    M, K, N = shape
+    rng = np.random.default_rng(M)
+    A, B = ((rng.random(s) * 2 - 1).astype(np.float32) for s in ((M, K), (K, N)))
+    k = tc.define(MATMUL)
+    loops = str(k.lowered(A, B).passes[-1][1])
+    assert "once for every thread, copied by all threads" in loops, loops
+    got = k(A, B)
+    assert_close(got, _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
+    # register tiles the size of one row block: no block again, so each thread packs its own panels
+    small = MappingOptions(tile=(M, 512, 128), register_tile=(6, 16, 1))
+    assert "copied by all threads" not in str(k.lowered(A, B, options=small).passes[-1][1])
+    np.testing.assert_array_equal(k(A, B, options=small), got)
