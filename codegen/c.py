@@ -344,7 +344,7 @@ class _Emitter(Facts):
         """Elements of one thread's buffer: the panels, rounded up to whole 64-byte lines (each
         thread's buffer stays aligned, and aligned_alloc gets a multiple of its alignment)."""
         per_line = 64 // self._itemsize(p.tensor)
-        blocks = math.prod(t for _, t in p.chunks)
+        blocks = math.prod(c[3] for c in p.chunks)
         return -(-blocks * p.panels * p.depth * p.width // per_line) * per_line
 
     def _pack(self, p: LPack) -> None:
@@ -368,11 +368,9 @@ class _Emitter(Facts):
             assert count is not None
             stride *= count
         depth = " + ".join(reversed(terms))
-        outer = {x.var: x for x in walk(p.body) if isinstance(x, LFor) and x.var in dict(p.chunks)}
-        chunks = [outer[v] for v, _ in p.chunks]
         block = ""  # the chunks' index, then the panel's (a pack of the whole operand)
-        for g, (_, trips) in zip(chunks, p.chunks):
-            index = f"({g.var} - {_top(self._lexpr(g.init))}) / {g.step}"
+        for var, first, step, trips in p.chunks:
+            index = f"({var} - {first}) / {step}"
             block = f"({block} * {trips} + {index})" if block else index
         if block:
             steps = [f"({block} * {p.panels} + {steps[0]})" if steps else f"{block} * {p.panels}"]
@@ -389,9 +387,12 @@ class _Emitter(Facts):
             w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
             w.line("#endif")
         if p.parallel:  # the whole operand: the threads copy its blocks
-            collapse = f" collapse({len(chunks)})" if len(chunks) > 1 else ""
+            collapse = f" collapse({len(p.chunks)})" if len(p.chunks) > 1 else ""
             w.line(f"#pragma omp parallel for schedule(static){collapse}")
-        for g in (*chunks, *tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
+        for var, first, step, trips in p.chunks:
+            w.line(f"for (long {var} = {first}; {var} < {first + step * trips}; {var} += {step}) {{")
+            w.push()
+        for g in (*tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")
             w.push()
@@ -404,7 +405,7 @@ class _Emitter(Facts):
         w.line(f"  pk_buf[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
                f"{self._access(r.tensor, subs, env)};")
         w.line("}")
-        for _ in (*panel, *tile.serial, *chunks):
+        for _ in (*panel, *tile.serial, *p.chunks):
             w.pop()
             w.line("}")
         self.packed[id(r)] = f"pk_buf[{base} + "

@@ -194,9 +194,9 @@ class LPack(LNode):
     ``width`` contiguous elements, in the order the tile reads them. ``shared``: the panels move
     with no loop around the pack, which sits before the parallel loops: one copy per call that
     every thread reads (else each thread packs its own). ``chunks``: loops of ``body`` outside the
-    tile's reuse (name, trip count; outermost first) that move the read too, each a dimension of
-    the buffer (a shared pack of the whole operand, its copy split among the threads when
-    ``parallel``)."""
+    tile's reuse that move the read too (name, first value, step, trip count; outermost first),
+    each a dimension of the buffer (a shared pack of the whole operand, its copy split among the
+    threads when ``parallel``)."""
 
     buffer: str
     tensor: str
@@ -209,7 +209,7 @@ class LPack(LNode):
     depth: int
     body: tuple[LNode, ...]
     shared: bool = False
-    chunks: tuple[tuple[str, int], ...] = ()
+    chunks: tuple[tuple[str, int, int, int], ...] = ()
     parallel: bool = False
 
 
@@ -419,8 +419,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LSync):
         out.append(f"{pad}sync()")
     elif isinstance(n, LPack):
-        across = ", ".join([c for c, _ in n.chunks] + ([n.panel] if n.panel else []) + list(n.serial))
-        blocks = "".join(f"{t} x " for _, t in n.chunks)
+        across = ", ".join([c[0] for c in n.chunks] + ([n.panel] if n.panel else []) + list(n.serial))
+        blocks = "".join(f"{c[3]} x " for c in n.chunks)
         out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {blocks}{n.panels} panels x "
                    f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else "")
                    + (", copied by all threads" if n.parallel else ""))
