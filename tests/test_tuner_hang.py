@@ -232,11 +232,13 @@ def test_a_compiler_that_crashes_scores_its_candidates_invalid(faulty_cc: Faulty
 
 def test_the_workers_end_with_a_tuner_killed_mid_compile(faulty_cc: FaultyCC, tmp_path: Path):
     faulty_cc.set_mode("hang")
+    # seed 0, as the tests above: a random seed may draw only candidates whose C is the defaults'
+    # (24x16x20 leaves few tiles that change the code), and then no compile hangs
     script = (f"import numpy as np, tcdsl as tc\n"
               f"from tcdsl.tuner.cache import TuningCache\n"
               f"rng = np.random.default_rng(0)\n"
               f"A, B = rng.standard_normal(({M}, {K}), np.float32), rng.standard_normal(({K}, {N}), np.float32)\n"
-              f"tc.define({MM!r}).autotune(A, B, generations=1, population=3, progress=False,\n"
+              f"tc.define({MM!r}).autotune(A, B, seed=0, generations=1, population=3, progress=False,\n"
               f"                           cache=TuningCache({str(tmp_path / 'tuning.sqlite')!r}))\n")
     tuner = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ))
     try:
