@@ -562,10 +562,11 @@ class _Emitter(Facts):
                 vectile.emit(self, vt, rt.identity, first_chunk=first)
                 w.line("#else")
             w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
+            start = _literal(T.identity(s.op, t.dtype), ctype)
             if rt.identity:  # the tile runs the whole reduction: no load, no init nest
-                self._tile_loops(rt, f"{acc} = {_literal(T.identity(s.op, t.dtype), ctype)};")
+                self._tile_loops(rt, f"{acc} = {start};")
             elif first is not None:  # its first chunk starts from the identity (no init nest)
-                self._tile_loops(rt, f"{acc} = ({first}) ? {_literal(T.identity(s.op, t.dtype), ctype)} : {target};")
+                self._tile_loops(rt, f"{acc} = ({first}) ? {start} : {target};")
             else:
                 self._tile_loops(rt, f"{acc} = {target};")
             serial = [f for f in rt.serial if f is not inside]

@@ -170,9 +170,8 @@ def register_tiles(ir: LoopIR, f: Facts) -> LoopIR:
         if rt is None:
             return None
         s = f.scop.tc_statement(rt.call.stmt)
-        first = firsts.get(id(n))
-        if first is not None:  # the tile's first chunk, or (1) the tile's own loops run them all
-            return replace(rt, identity=True) if first == LInt(1) else replace(rt, first=first)
+        if id(n) in firsts:  # the tile runs chunks: the first starts from the identity
+            return replace(rt, first=firsts[id(n)])
         return replace(rt, identity=s.number in identity or (s.init and regtile.whole_reduction(rt, f.scop, s)))
 
     body = rewrite(ir.body, visit)

@@ -98,8 +98,8 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop,
     register tile whose serial loops run the whole, rectangular reduction of each element, or one
     chunk of it that a serial loop around the tile steps through in order (``first_chunk``); every
     element the initialisation writes is updated; and the initialisation has top-level nests of
-    its own. Also, by the ``id`` of each such tile's root loop that ``whole_reduction`` does not
-    cover, where it starts from the identity (``first_chunk``: its first chunk, or ``1``)."""
+    its own. Also, by the ``id`` of each such tile's root loop that runs chunks, where it starts
+    from the identity (``first_chunk``: its first chunk)."""
     tiles: dict[str, list[tuple[LTile, int, tuple[LFor, ...]]]] = {}
     calls: dict[str, int] = {}
 
@@ -127,12 +127,11 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop,
             continue
         starts: dict[int, LExpr] = {}
         for rt, root, around in tiles[name]:
-            if whole_reduction(rt, scop, s):
-                continue
             first = first_chunk(rt, around, scop, s)
             if first is None:
                 break
-            starts[root] = first
+            if first != LInt(1):
+                starts[root] = first
         else:
             if not _init_nests_apart(body, f"init{s.number}") or not _updates_cover_init(scop, s.number):
                 continue
@@ -208,26 +207,7 @@ def _last(f: LFor, env: dict[str, int]) -> int | None:
 def whole_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:
     """The serial loops of ``rt`` run the statement's whole (rectangular) reduction, from its first
     point to its last, for every element of the tile: no other update touches them."""
-    st = scop.stmt(rt.call.stmt)
-    args = dict(zip(st.indices, rt.call.args))
-    reductions = list(s.reductions)
-    if len(rt.serial) != len(reductions):
-        return False
-    sizes = {k: Sym.of(v) for k, v in scop.inst.sizes.items()}
-    ranges = {r.name: r for r in s.ranges}
-    for f in rt.serial:
-        r = next((x for x in reductions if args[x] == LVar(f.var)), None)
-        if r is None or f.step != 1 or not isinstance(f.init, LInt):
-            return False
-        lo, hi = ranges[r].lo.subs(sizes), ranges[r].hi.subs(sizes)
-        c = f.cond
-        if lo.terms or hi.terms or not (isinstance(c, LOp) and c.op in ("<=", "<") and c.args[0] == LVar(f.var)
-                                         and isinstance(c.args[1], LInt)):
-            return False
-        last = c.args[1].value - (1 if c.op == "<" else 0)
-        if f.init.value != lo.const or last != hi.const - 1:
-            return False
-    return True
+    return first_chunk(rt, (), scop, s) == LInt(1)
 
 
 def _init_nests_apart(body: tuple[LNode, ...], init: str) -> bool:

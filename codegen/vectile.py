@@ -453,9 +453,10 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
             for key in tiles:
                 w.line(f"{acc[key]} = {load(key)};")
         w.line("}")
-    for key in tiles if first_chunk is None or identity_start else ():
-        value = vtype(key) + identity if identity_start else load(key)
-        w.line(f"{vtype(key)} {acc[key]} = {value};")
+    else:
+        for key in tiles:
+            value = vtype(key) + identity if identity_start else load(key)
+            w.line(f"{vtype(key)} {acc[key]} = {value};")
     for loop in rt.serial:
         if loop.var in vt.rolled:
             w.line("#pragma GCC unroll 1")
