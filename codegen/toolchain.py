@@ -66,7 +66,12 @@ def has_vector_math() -> bool:
 
 
 def compiler() -> list[str]:
-    return shlex.split(os.environ.get("CC", "gcc")) or ["gcc"]
+    return list(_split_cc(os.environ.get("CC", "gcc")))
+
+
+@functools.cache
+def _split_cc(cc: str) -> tuple[str, ...]:
+    return tuple(shlex.split(cc)) or ("gcc",)
 
 
 def run_tool(cmd: list[str], timeout: float) -> tuple[int, str, str]:

@@ -642,6 +642,43 @@ def test_cache_one_instance_per_shape() -> None:
     assert len(k._cache) == 2
 
 
+def test_repeated_calls_follow_what_the_call_depends_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated call with the same argument layout goes straight to its compiled kernel; changing
+    the layout, the kernel's options, the CPU target or passing out=/options= is seen at once."""
+    k = tc.define(MM_SRC, backend="c")
+    A, B = f32(5, 7, seed=20), f32(7, 3, seed=21)
+    first = k(A, B)
+    again = k(A, B)
+    assert not np.shares_memory(first, again)
+    np.testing.assert_array_equal(first, again)
+    A2 = f32(5, 7, seed=22)  # another array, same layout: its own values
+    assert_sum_close(k(A2, B), np.matmul, A2, B, terms=7)
+    At = np.asfortranarray(A)  # same shape, other strides: the kernel for those strides
+    assert_sum_close(k(At, B), np.matmul, A, B, terms=7)
+    assert_sum_close(k(A[:, ::-1][:, ::-1], B), np.matmul, A, B, terms=7)
+    built = k.compile_count
+    k.options = tc.MappingOptions(tile=(2, 2))
+    assert_sum_close(k(A, B), np.matmul, A, B, terms=7)
+    assert k.compile_count == built + 1  # the new options compiled, not the last call's kernel
+    monkeypatch.setenv("TCDSL_CPU", "generic")
+    assert_sum_close(k(A, B), np.matmul, A, B, terms=7)
+    assert k.compile_count == built + 2  # the generic target's build
+    out = np.full((5, 3), np.nan, np.float32)
+    assert k(A, B, out=out) is out
+    assert_sum_close(out, np.matmul, A, B, terms=7)
+    np.testing.assert_array_equal(k(A, B, backend="numpy"), k(A, B))
+
+
+def test_repeated_call_errors_are_located() -> None:
+    k = tc.define("def pick(float(N) X, int32(M) I) -> (Y) { Y(m) = X(I(m)) }", backend="c")
+    X, ok, bad = np.arange(4, dtype=np.float32), np.array([0, 3], np.int32), np.array([0, 4], np.int32)
+    for _ in range(2):
+        np.testing.assert_array_equal(k(X, ok), [0.0, 3.0])
+        with pytest.raises(tc.TcRuntimeError, match="out of range") as e:
+            k(X, bad)
+        assert e.value.location is not None and e.value.location.line == 1
+
+
 def test_instance_sizes_and_ranges(mm: tc.Kernel) -> None:
     inst = mm.instance(np.ones((3, 4), np.float32), np.ones((4, 5), np.float32))
     assert inst.sizes == {"M": 3, "K": 4, "N": 5}
