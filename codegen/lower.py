@@ -424,8 +424,9 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             depth *= c
         assert panels is not None
         itemsize = T.bits(f.tensors[r.tensor].dtype) // 8
-        if panels * depth * width * itemsize > PACK_MAX_BYTES and not gathered:
-            continue  # (a gathered read packs once per call, on the heap: any size)
+        # a block per thread larger than PACK_MAX_BYTES packs only as the whole operand, once per
+        # call (below); a gathered read packs once per call, on the heap: any size
+        per_thread_fits = panels * depth * width * itemsize <= PACK_MAX_BYTES
         serial = tuple(g.var for g in t.serial)
         if gathered:
             # the panels are the same for every iteration of the loops around them, whose bounds
@@ -445,7 +446,10 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         pack = LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width, panels,
                      depth, ())
         whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.l3, itemsize)
-        return (path[0], whole) if whole is not None else (reuse, pack)
+        if whole is not None:
+            return path[0], whole
+        if per_thread_fits:
+            return reuse, pack
     return None
 
 
