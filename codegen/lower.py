@@ -445,7 +445,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             continue
         pack = LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width, panels,
                      depth, ())
-        whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.l3, itemsize)
+        whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.shared_pack_bytes, itemsize)
         if whole is not None:
             return path[0], whole
         if per_thread_fits:
@@ -453,23 +453,22 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
     return None
 
 
-SHARED_PACK_L3_SHARE = 4  # a pack of the whole operand takes at most this share of L3
-
 
 def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[str], bounds: list[LFor],
-                   l3: int, itemsize: int) -> LPack | None:
+                   most: int, itemsize: int) -> LPack | None:
     """``pack`` made one copy of the whole operand per call, before the parallel loops, where
     loops outside its reuse that do not move the read would otherwise copy the same panels again
     (matmul's row blocks: each packed all of B's panels for its cache tile), the loops outside it
     that move the read (the column blocks, the reduction's chunks) becoming dimensions of the
-    buffer. Only for loops of constant bounds, and an operand of at most an L3 share. AVX2 on 2
+    buffer. Only for loops of constant bounds, and an operand of at most ``most`` bytes (the
+    target's ``shared_pack_bytes``). AVX2 on 2
     threads, paired interleaved rounds against torch, per-thread packs -> this: matmul 1024^3
     1.020x -> 1.088x and 1.074x -> 1.112x (best rounds 195 -> 207 GFLOP/s), 960x1088x1000 1.004x
     -> 1.065x, A*B^T 1024^3 0.909x -> 0.954x, FC 128x1024 -> 1024 1.094x -> 1.115x."""
     outside = path[:path.index(reuse)]
     chunks = [x for x in outside if x.var in moves]
     again = [x for x in outside if x.var not in moves]
-    if not chunks or not any((trip_bound(x) or 0) > 1 for x in again):
+    if not any((trip_bound(x) or 0) > 1 for x in again):
         return None
     fixed = {x.var for x in again} | {reuse.var}
     if any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in chunks) or \
@@ -482,7 +481,7 @@ def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[
             return None
         dims.append((x.var, first, x.step, trips))
     elements = math.prod(d[3] for d in dims) * pack.panels * pack.depth * pack.width
-    if elements * itemsize > l3 // SHARED_PACK_L3_SHARE:
+    if elements * itemsize > most:
         return None
     return replace(pack, shared=True, chunks=tuple(dims), parallel=any(x.omp for x in path))
 

@@ -59,6 +59,12 @@ class CpuTarget:
         return 2 * rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
 
     @property
+    def shared_pack_bytes(self) -> int:
+        """The largest operand codegen.lower packs whole, once per call for every thread (a quarter
+        of L3), rather than in blocks per thread."""
+        return self.l3 // 4
+
+    @property
     def half_vectors(self) -> bool:
         """Whether the ISA has vectors of half the width with the same arithmetic (AVX-512's 256-bit
         registers), which a register tile ends a row with where the row's last few elements fit in
