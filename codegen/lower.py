@@ -461,10 +461,10 @@ def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[
     (matmul's row blocks: each packed all of B's panels for its cache tile), the loops outside it
     that move the read (the column blocks, the reduction's chunks) becoming dimensions of the
     buffer. Only for loops of constant bounds, and an operand of at most ``most`` bytes (the
-    target's ``shared_pack_bytes``). AVX2 on 2
-    threads, paired interleaved rounds against torch, per-thread packs -> this: matmul 1024^3
-    1.020x -> 1.088x and 1.074x -> 1.112x (best rounds 195 -> 207 GFLOP/s), 960x1088x1000 1.004x
-    -> 1.065x, A*B^T 1024^3 0.909x -> 0.954x, FC 128x1024 -> 1024 1.094x -> 1.115x."""
+    target's ``shared_pack_bytes``). AVX2 on 2 threads, paired interleaved rounds against torch,
+    per-thread packs -> this: matmul 1024^3 1.020x -> 1.088x and 1.074x -> 1.112x (best rounds
+    195 -> 207 GFLOP/s), 960x1088x1000 1.004x -> 1.065x, A*B^T 1024^3 0.909x -> 0.954x, FC
+    128x1024 -> 1024 1.094x -> 1.115x."""
     outside = path[:path.index(reuse)]
     chunks = [x for x in outside if x.var in moves]
     again = [x for x in outside if x.var not in moves]

@@ -680,6 +680,25 @@ def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
+@pytest.mark.parametrize("M", [40, 300])
+def test_packed_whole_reduces_in_deep_chunks(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AVX2: an operand packed whole once per call (several row blocks) lets the reduction run
+    unchunked up to 1024 terms (transform.plan); one row block keeps chunks of 128, first from the
+    identity. The numbers of numpy either way."""
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    K, N = 700, 256
+    rng = np.random.default_rng(M)
+    A, B = ((rng.random(s) * 2 - 1).astype(np.float32) for s in ((M, K), (K, N)))
+    k = tc.define(MATMUL)
+    loops = str(k.lowered(A, B).passes[-1][1])
+    if M > 48:
+        assert "copied by all threads" in loops and "+= 128)" not in loops and "from the identity;" in loops, loops
+    else:
+        assert "+= 128)" in loops and "from the identity when" in loops, loops
+    assert_close(k(A, B), _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
+
+
+@pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
 def test_panels_too_large_for_a_thread_pack_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reduction chunks whose panels outgrow a thread's pack (PACK_MAX_BYTES) still read packed
     panels: the whole operand, once per call (without, 4 KiB rows conflict in L1 and a 1024^3
