@@ -216,7 +216,7 @@ class Kernel:
 
     def _compiled_for(self, inst: Instance, arrays: list[np.ndarray], options: MappingOptions) -> CKernel:
         target = cpu_target()
-        seen = (tuple((a.shape, a.dtype.str, a.strides) for a in arrays), options, target)
+        seen = (_layout_key(arrays), options, target)
         ck = self._by_layout.get(seen)  # a repeated call's layout: no instance or stride work
         if ck is not None:
             return ck
@@ -413,11 +413,9 @@ class Kernel:
         """The C kernel a plain call (no ``out``, ``backend`` or ``options``) on numpy arrays with
         these shapes, dtypes and strides ran last, when nothing it was chosen by has changed since:
         the kernel's options and backend, the tuning done in this process, ``$TCDSL_CPU`` and ``$CC``."""
-        try:
-            key = tuple((a.shape, a.dtype.str, a.strides) for a in args if type(a) is np.ndarray)
-        except AttributeError:
+        if not all(type(a) is np.ndarray for a in args):
             return None
-        hit = self._hot.get(key) if len(key) == len(args) else None
+        hit = self._hot.get(_layout_key(args))
         if hit is None or hit[1] is not self.options or hit[2] != (self.backend, *_call_env()):
             return None
         return hit[0]
@@ -476,8 +474,7 @@ class Kernel:
             results = ck(inputs, initial=initial)
             if out is None and backend is None and options is None and all(a is x for a, x in zip(arrays, args)):
                 with self._lock:  # the next such call goes straight to the kernel (_hot_kernel)
-                    self._hot[tuple((a.shape, a.dtype.str, a.strides) for a in arrays)] = (ck, self.options,
-                                                                                          (self.backend, *_call_env()))
+                    self._hot[_layout_key(arrays)] = (ck, self.options, (self.backend, *_call_env()))
         else:
             results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)}, initial)
         values = [results[t.name] for t in self.checked.outputs]
@@ -742,6 +739,11 @@ def _as_array(x: Any, what: str, where: Location | None = None) -> np.ndarray:
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     return a
+
+
+def _layout_key(arrays: Sequence[np.ndarray]) -> tuple:
+    """What a compiled kernel depends on in its arguments: their shapes, dtypes and byte strides."""
+    return tuple((a.shape, a.dtype.str, a.strides) for a in arrays)
 
 
 def _call_env() -> tuple[str, ...]:

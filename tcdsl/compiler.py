@@ -168,47 +168,42 @@ class CKernel:
         The outputs a call updates in place (``CheckedDef.accumulates``) start from their values
         in ``outs``, or in ``initial`` when the results go to fresh arrays."""
         c = self.inst.checked
-        if outs is None and not initial:
-            return dict(zip((t.name for t in c.outputs), self.run([inputs[t.name] for t in c.inputs])))
-        arrays = dict(inputs)
-        for k, t in enumerate(c.outputs):
-            if outs is not None:
-                arrays[t.name] = outs[k]
-                if t.name not in self.unwritten_ok and t.name not in c.accumulates:
-                    outs[k].fill(0)
-                continue
-            if initial and t.name in initial:
-                arrays[t.name] = np.array(initial[t.name], dtype=t.dtype, order="C")
-                continue
-            arrays[t.name] = _output(self.inst.shapes[t.name], t.dtype, zero=t.name not in self.unwritten_ok)
-        buffers = dict(self.low.source.buffers)
-        for t in c.temps:  # owners get a buffer for their group (the kernel zeroes what sharers need)
-            alloc = np.empty if t.name in self.unwritten_ok else np.zeros
-            arrays[t.name] = alloc(buffers.get(t.name, 0), dtype=t.dtype)
-        err = np.zeros(2, dtype=np.int64)
-        # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
-        passed = [arrays[n] if arrays[n].size else np.zeros(1, arrays[n].dtype) for n in self.low.source.params]
-        code = self.fn(*(_address(a) for a in passed), _address(err))
-        if code:
-            raise self._error(int(err[0]), int(err[1]))
-        return {t.name: arrays[t.name] for t in c.outputs}
+        given: list[np.ndarray | None] | None = None
+        if outs is not None or initial:
+            given = []
+            for k, t in enumerate(c.outputs):
+                if outs is not None:
+                    if t.name not in self.unwritten_ok and t.name not in c.accumulates:
+                        outs[k].fill(0)
+                    given.append(outs[k])
+                elif initial and t.name in initial:
+                    given.append(np.array(initial[t.name], dtype=t.dtype, order="C"))
+                else:
+                    given.append(None)
+        made = self.run([inputs[t.name] for t in c.inputs], given)
+        return dict(zip((t.name for t in c.outputs), made))
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run on ``inputs`` (in the def's order, C-ready) into fresh outputs, which it returns in
-        the def's order: a call's fast path (its plan made once, in ``__init__``)."""
+    def run(self, inputs: Sequence[np.ndarray],
+            outputs: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """Run on ``inputs`` (in the def's order, C-ready); results go to ``outputs`` where given
+        (C-contiguous, in the def's order), else to fresh arrays; returns the output arrays. A
+        repeated call's fast path: its plan is made once, in ``__init__``."""
         passed: list[Any] = [None] * len(self.low.source.params)  # every parameter is a tensor of the def
         # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
         for (at, nonempty), a in zip(self._inputs, inputs):
             if at is not None:
                 passed[at] = a if nonempty else np.zeros(1, a.dtype)
         made = []
-        for at, shape, dtype, zero in self._fresh:
-            o = _output(shape, dtype, zero)
+        for k, (at, shape, dtype, zero) in enumerate(self._fresh):
+            o = outputs[k] if outputs is not None else None
+            if o is None:
+                o = _output(shape, dtype, zero)
             made.append(o)
             if at is not None:
                 passed[at] = o if o.size else np.zeros(1, dtype)
-        for at, size, dtype, zero in self._temps:  # owners get a buffer for their group
-            passed[at] = (np.zeros if zero else np.empty)(max(size, 1), dtype=dtype)
+        # owners get a buffer for their group (the kernel zeroes what sharers need)
+        for at, size, dtype, zero in self._temps:
+            passed[at] = (np.zeros if zero or not size else np.empty)(max(size, 1), dtype=dtype)
         err = np.zeros(2, dtype=np.int64)
         code = self.fn(*(_address(a) for a in passed), _address(err))
         if code:
