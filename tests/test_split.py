@@ -156,6 +156,31 @@ def test_every_piece_computes_what_the_interpreter_does(name: str, cpu: str, mon
             assert_close(got, want, terms=terms, scale=scale, err_msg=f"{name} {size} on {cpu} under {options}")
 
 
+@pytest.mark.parametrize("cpu", runnable_of("avx2"))
+@pytest.mark.parametrize("name", ["same3x3", "input_grad"])
+def test_boundary_columns_run_in_channel_vectors_on_avx2(name: str, cpu: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 16 output channels (two AVX2 vectors), the one- or two-wide boundary columns run along
+    the height in tiles of channel vectors, not in vectors along the height gathered a row apart."""
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    source, shapes, reference = CASES[name]
+    k = tc.define(source)
+    # 16 output channels: the forward's filters, the input gradient's input channels
+    w_shape = (16, 3, 3, 3) if name == "same3x3" else (3, 16, 3, 3)
+    args = _inputs([(2, 3, 9, 20), w_shape], seed=7)
+    low = k.lowered(*args)
+    loops = str(low.passes[-1][1])
+    tiles = [line for line in loops.splitlines() if "register tile of S1" in line]
+    columns = [line for line in tiles if "6x16" in line]
+    assert len(columns) == 2 and all("along f" in line or "along c" in line for line in columns), tiles
+    assert not any("along h" in line for line in tiles), tiles
+    if name == "same3x3":  # (the input gradient's columns, whose reductions vary along them, gather W1)
+        assert loops.count("// pack W1") >= 2, loops
+    want = reference(*args)
+    terms = int(np.prod(args[1].shape[1:])) if name != "input_grad" else args[1].shape[0] * 9
+    assert_close(k(*args), want, terms=terms, scale=reduction_scale(*args), err_msg=f"{name} on {cpu}")
+
+
 def test_max_and_int_reductions_split_exactly() -> None:
     src = """def pools(float(N,H,W) X, int32(N,H,W) Y) -> (M, S) {
         M(n,h,w) max=! X(n,h + r_i - 1,w + r_j - 1) where h in 0:H, w in 0:W, r_i in 0:3, r_j in 0:3
