@@ -363,12 +363,13 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # interleaved rounds: 2 vectors x 6 columns 1.21x the 6 channels x 2 rows tile along the
     # columns (faster in 9 of 11), 4 x 3 a further 1.045x (10 of 11; 46x46: 1.026x, 8 of 11).
     # AVX-512's 4 x 4 tile of 16-lane rows stays (this form 0.97x there). A padded conv's boundary
-    # columns take this form too, along the image's height: their weights packed, rather than the
-    # height in vectors gathered 56 elements apart (AVX2, 2 threads, medians of 30 interleaved calls:
-    # 8x64x56x56 padded by 1 13.8 -> 12.0 ms, its two columns 1.6 -> 0.4-0.7 ms each; 46x46 10.6 ->
-    # 9.4 ms; the input gradient of a 3x3 conv, 8x64x54x54 -> 56x56, 30.7 -> 21.4 ms).
-    if len(rows) == 2 and red and contig is not None and lanes > 1 and not whole_contig and \
-            budget < COLUMN_TILE_ACCUMULATORS and infos[contig].extent >= 4:
+    # columns take this form on both ISAs, along the image's height: their weights packed, rather
+    # than the height in vectors gathered 56 elements apart. 2 threads, medians of 30 interleaved
+    # calls: AVX2 8x64x56x56 padded by 1 13.8 -> 12.0 ms (its two columns 1.6 -> 0.4-0.7 ms each),
+    # 46x46 10.6 -> 9.4 ms, the input gradient of a 3x3 conv (8x64x54x54 -> 56x56) 30.7 -> 21.4 ms;
+    # AVX-512 (6 rows x 4 vectors) 56x56 12.4-12.7 -> 10.9-11.4 ms, 46x46 8.5 -> 7.3 ms.
+    if len(rows) == 2 and red and contig is not None and lanes > 1 and (not whole_contig or column) and \
+            (budget < COLUMN_TILE_ACCUMULATORS or column) and infos[contig].extent >= 4:
         first = min(rows)
         count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
         given = _fit(options.tile, n, 0) if options.tile is not None else None

@@ -156,29 +156,36 @@ def test_every_piece_computes_what_the_interpreter_does(name: str, cpu: str, mon
             assert_close(got, want, terms=terms, scale=scale, err_msg=f"{name} {size} on {cpu} under {options}")
 
 
-@pytest.mark.parametrize("cpu", runnable_of("avx2"))
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
 @pytest.mark.parametrize("name", ["same3x3", "input_grad"])
-def test_boundary_columns_run_in_channel_vectors_on_avx2(name: str, cpu: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """With 16 output channels (two AVX2 vectors), the one- or two-wide boundary columns run along
-    the height in tiles of channel vectors, not in vectors along the height gathered a row apart."""
-    monkeypatch.setenv("TCDSL_CPU", cpu)
-    source, shapes, reference = CASES[name]
+def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None:
+    """With 32 output channels (whole vectors on both ISAs), the one- or two-wide boundary columns
+    run along the height in tiles of channel vectors, as the interior of an AVX2 conv does, not in
+    vectors along the height gathered a row apart."""
+    source, _, _ = CASES[name]
     k = tc.define(source)
-    # 16 output channels: the forward's filters, the input gradient's input channels
-    w_shape = (16, 3, 3, 3) if name == "same3x3" else (3, 16, 3, 3)
-    args = _inputs([(2, 3, 9, 20), w_shape], seed=7)
-    low = k.lowered(*args)
-    loops = str(low.passes[-1][1])
-    tiles = [line for line in loops.splitlines() if "register tile of S1" in line]
-    columns = [line for line in tiles if "6x16" in line]
-    assert len(columns) == 2 and all("along f" in line or "along c" in line for line in columns), tiles
+    # 32 output channels: the forward's filters, the input gradient's input channels
+    w_shape = (32, 3, 3, 3) if name == "same3x3" else (3, 32, 3, 3)
+    low = k.lowered(*_inputs([(2, 3, 9, 20), w_shape], seed=7), target=target)
+    tiles = [line for line in str(low.passes[-1][1]).splitlines() if "register tile of S1" in line]
     assert not any("along h" in line for line in tiles), tiles
-    if name == "same3x3":  # (the input gradient's columns, whose reductions vary along them, gather W1)
-        assert loops.count("// pack W1") >= 2, loops
-    want = reference(*args)
-    terms = int(np.prod(args[1].shape[1:])) if name != "input_grad" else args[1].shape[0] * 9
-    assert_close(k(*args), want, terms=terms, scale=reduction_scale(*args), err_msg=f"{name} on {cpu}")
+    channel = "along f" if name == "same3x3" else "along c"
+    assert sum("x32 register tile" in line and channel in line for line in tiles) == 2, tiles
+
+
+@pytest.mark.parametrize("cpu", runnable_of("native", "avx2"))
+@pytest.mark.parametrize("name", ["same3x3", "input_grad"])
+def test_boundary_columns_in_channel_vectors_compute_what_numpy_does(name: str, cpu: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    source, _, reference = CASES[name]
+    k = tc.define(source)
+    for h, w in ((9, 20), (23, 13)):
+        w_shape = (32, 3, 3, 3) if name == "same3x3" else (3, 32, 3, 3)
+        args = _inputs([(2, 3, h, w), w_shape], seed=h)
+        want = reference(*args)
+        terms = int(np.prod(args[1].shape[1:])) if name != "input_grad" else args[1].shape[0] * 9
+        assert_close(k(*args), want, terms=terms, scale=reduction_scale(*args), err_msg=f"{name} {h}x{w} on {cpu}")
 
 
 def test_max_and_int_reductions_split_exactly() -> None:
