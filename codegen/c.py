@@ -361,10 +361,11 @@ class _Emitter(Facts):
         vec = tile.inner[-1]
         ctype = CTYPE[self.tensors[r.tensor].dtype]
         steps = [f"({g.var} - {_top(self._lexpr(g.init))}) / {g.step}" for g in panel]
+        # each serial loop's first value and trip count: its own, or the box covering its varying bounds
+        ranges = list(p.box) if p.box else [(_top(self._lexpr(g.init)), trip_bound(g)) for g in tile.serial]
         stride, terms = 1, []
-        for g in reversed(tile.serial):
-            terms.append(f"({g.var} - {_top(self._lexpr(g.init))})" + (f" * {stride}" if stride != 1 else ""))
-            count = trip_bound(g)
+        for g, (first, count) in reversed(list(zip(tile.serial, ranges))):
+            terms.append(f"({g.var} - {first})" + (f" * {stride}" if stride != 1 else ""))
             assert count is not None
             stride *= count
         depth = " + ".join(reversed(terms))
@@ -392,7 +393,11 @@ class _Emitter(Facts):
         for var, first, step, trips in p.chunks:
             w.line(f"for (long {var} = {first}; {var} < {first + step * trips}; {var} += {step}) {{")
             w.push()
-        for g in (*tile.serial, *panel):  # along the operand's rows: whole rows stream in, prefetched
+        for g, (first, count) in zip(tile.serial, ranges):  # along the operand's rows: whole rows stream in, prefetched
+            cond = f"{g.var} < {first} + {count}" if p.box else _top(self._lexpr(g.cond))
+            w.line(f"for (long {g.var} = {first}; {cond}; {g.var} += {g.step}) {{")
+            w.push()
+        for g in panel:
             w.line(f"for (long {g.var} = {_top(self._lexpr(g.init))}; {_top(self._lexpr(g.cond))}; "
                    f"{g.var} += {g.step}) {{")
             w.push()

@@ -35,6 +35,7 @@ from tcdsl.polyhedral.loopir import (
     LCall,
     LCopy,
     LDecl,
+    LExpr,
     LFor,
     LIf,
     LInt,
@@ -48,6 +49,7 @@ from tcdsl.polyhedral.loopir import (
     LVar,
     expr_value,
     expr_vars,
+    loop_values,
     trip_bound,
     trip_count,
     walk,
@@ -413,7 +415,10 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         bounds = [*panel, *t.serial, vec]
         if any((expr_vars(x.init) | expr_vars(x.cond) - {x.var}) & inside for x in bounds):
             continue
-        counts = [trip_bound(x) for x in (*panel, *t.serial)]
+        box = _box(t, path, r.subs, args) if gathered else None
+        if box is not None:  # the serial loops' bounds vary outside: the pack holds their whole range
+            bounds = [*panel, vec]
+        counts = [trip_bound(x) for x in panel] + ([k for _, k in box] if box else [trip_bound(x) for x in t.serial])
         reused = trip_bound(reuse)
         if any(c is None for c in counts) or reused is None or reused < 2:
             continue
@@ -435,7 +440,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             if not any(x.var in moves for x in outside) and \
                     not any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in bounds):
                 return path[0], LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
-                                      serial, width, panels, depth, (), shared=True)
+                                      serial, width, panels, depth, (), shared=True, box=box or ())
             # packed per thread instead, a padded conv's boundary pieces ran 0.975x as fast
             continue
         inner = t.serial[-1]
@@ -452,6 +457,35 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             return reuse, pack
     return None
 
+
+
+BOX_MAX_VALUES = 4096  # the assignments enumerated to find one serial loop's range (_box)
+
+
+def _box(t: LTile, path: tuple[LFor, ...], subs: tuple[object, ...],
+         args: dict[str, LExpr]) -> tuple[tuple[int, int], ...] | None:
+    """(first, count) covering every value of each serial loop of ``t``, where some of their bounds
+    read loops of ``path`` (a boundary piece's reductions, ``kh <= h``); None where none do, a range
+    is not found, or a subscript of the read moves with two serial loops (a point of the box could
+    then read outside the tensor: with one each, every subscript value the box reads is one that
+    some iteration reads)."""
+    serial = {g.var for g in t.serial}
+    if not any((expr_vars(g.init) | expr_vars(g.cond) - {g.var}) - serial for g in t.serial):
+        return None
+    for x in subs:
+        if not isinstance(x, Sym):
+            return None
+        moved = set().union(*(expr_vars(args[i]) for i in x.indices())) if x.indices() else set()
+        if len(moved & serial) > 1:
+            return None
+    out = []
+    for k, g in enumerate(t.serial):
+        envs = loop_values((*path, *t.serial[:k + 1]), {g.var}, limit=BOX_MAX_VALUES)
+        if not envs:
+            return None
+        values = [e[g.var] for e in envs]
+        out.append((min(values), max(values) - min(values) + 1))
+    return tuple(out)
 
 
 def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[str], bounds: list[LFor],

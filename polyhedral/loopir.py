@@ -196,7 +196,9 @@ class LPack(LNode):
     every thread reads (else each thread packs its own). ``chunks``: loops of ``body`` outside the
     tile's reuse that move the read too (name, first value, step, trip count; outermost first),
     each a dimension of the buffer (a shared pack of the whole operand, its copy split among the
-    threads when ``parallel``)."""
+    threads when ``parallel``). ``box``: where the serial loops' bounds vary with loops outside
+    (a boundary piece's reductions), the range that covers every value of each: the buffer holds
+    the whole box, each tile reads its part."""
 
     buffer: str
     tensor: str
@@ -211,6 +213,7 @@ class LPack(LNode):
     shared: bool = False
     chunks: tuple[tuple[str, int, int, int], ...] = ()
     parallel: bool = False
+    box: tuple[tuple[int, int], ...] = ()  # (first, count) per serial loop, where their bounds vary outside
 
 
 @dataclass(frozen=True)
@@ -419,7 +422,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LSync):
         out.append(f"{pad}sync()")
     elif isinstance(n, LPack):
-        across = ", ".join([c[0] for c in n.chunks] + ([n.panel] if n.panel else []) + list(n.serial))
+        serial = [f"{v} in {a}..{a + k - 1}" for v, (a, k) in zip(n.serial, n.box)] if n.box else list(n.serial)
+        across = ", ".join([c[0] for c in n.chunks] + ([n.panel] if n.panel else []) + serial)
         blocks = "".join(f"{c[3]} x " for c in n.chunks)
         out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {blocks}{n.panels} panels x "
                    f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else "")
