@@ -352,7 +352,7 @@ class _Emitter(Facts):
         then its body, whose vector tile reads them (codegen.vectile.vexpr) instead of the tensor."""
         w = self.w
         tile = next(x for x in walk(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
-                    and tuple(g.var for g in x.serial) == p.serial)
+                    and tuple(g.var for g in x.serial) == p.serial and p.call in (None, x.call))
         panel = [x for x in walk(p.body) if isinstance(x, LFor) and x.var == p.panel][:1]
         st = self.scop.stmt(p.stmt)
         s = self.scop.tc_statement(st.name)
@@ -379,13 +379,14 @@ class _Emitter(Facts):
         w.line(f"{{  // statement {s.number}'s register tiles read {r.tensor} from {p.panels} packed panels of "
                f"{p.depth} x {p.width}")
         w.push()
+        buf = f"{p.buffer}_at"  # this copy's panels (several packs may enclose one nest)
         if p.shared:  # before the parallel loops: one copy that every thread reads
-            w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
+            w.line(f"{ctype} *restrict {buf} = {p.buffer};")
         else:
             w.line("#ifdef _OPENMP")
-            w.line(f"{ctype} *restrict pk_buf = {p.buffer} + omp_get_thread_num() * {self._pack_elements(p)}L;")
+            w.line(f"{ctype} *restrict {buf} = {p.buffer} + omp_get_thread_num() * {self._pack_elements(p)}L;")
             w.line("#else")
-            w.line(f"{ctype} *restrict pk_buf = {p.buffer};")
+            w.line(f"{ctype} *restrict {buf} = {p.buffer};")
             w.line("#endif")
         if p.parallel:  # the whole operand: the threads copy its blocks
             collapse = f" collapse({len(p.chunks)})" if len(p.chunks) > 1 else ""
@@ -407,15 +408,15 @@ class _Emitter(Facts):
         w.line("#pragma omp simd")
         w.line(f"for (long {vec.var} = {_top(self._lexpr(vec.init))}; {_top(self._lexpr(vec.cond))}; "
                f"{vec.var} += 1) {{")
-        w.line(f"  pk_buf[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
+        w.line(f"  {buf}[pk + ({vec.var} - {_top(self._lexpr(vec.init))})] = "
                f"{self._access(r.tensor, subs, env)};")
         w.line("}")
         for _ in (*panel, *tile.serial, *p.chunks):
             w.pop()
             w.line("}")
-        self.packed[id(r)] = f"pk_buf[{base} + "
+        self.pack_of[tile.call] = (id(r), f"{buf}[{base} + ")
         self._body(p.body)
-        del self.packed[id(r)]
+        del self.pack_of[tile.call]
         w.pop()
         w.line("}")
 
@@ -532,7 +533,18 @@ class _Emitter(Facts):
         w.line("}")
 
     def _register_tile(self, rt: LTile) -> None:
-        """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile)."""
+        """The reduction target of ``rt`` in ``acc[...]`` across the serial loop (see regtile); a read
+        that a pack around it copied into panels (``_pack``) comes from them."""
+        packed = self.pack_of.get(rt.call)
+        if packed is not None:
+            self.packed[packed[0]] = packed[1]
+        try:
+            self._register_tile_body(rt)
+        finally:
+            if packed is not None:
+                del self.packed[packed[0]]
+
+    def _register_tile_body(self, rt: LTile) -> None:
         st = self.scop.stmt(rt.call.stmt)
         s = self.scop.tc_statement(st.name)
         t = self.tensors[s.tensor]

@@ -7,6 +7,7 @@ that later passes consult while they decide (temporaries held outside memory, ho
 from __future__ import annotations
 
 from tcdsl.polyhedral.cputarget import GENERIC, CpuTarget
+from tcdsl.polyhedral.loopir import LCall
 from tcdsl.polyhedral.scop import Scop
 
 
@@ -31,6 +32,7 @@ class Facts:
         self.scalars: set[str] | dict[str, str] = set()  # contracted temporaries in scope (the emitter: -> C name)
         self.hoisted: dict[int, str] = {}  # id(Read) -> the local loaded before the current loop
         self.packed: dict[int, str] = {}  # id(Read) -> its packed buffer's element, less the lane ("buf[... + ")
+        self.pack_of: dict[LCall, tuple[int, str]] = {}  # the emitter: a tile's call -> its packed read, as above
 
     @property
     def in_memory(self) -> set[str]:

@@ -12,6 +12,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
     pack        the operand a vector tile loads along its rows copied into contiguous panels
+    fuse        nests of one statement's pieces that share their outer parallel loops run them once
     split       compiler-vectorised tile loops cut into whole vectors and the rest
     unroll      short innermost loops unrolled (the ``unroll`` option)
     parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
@@ -440,7 +441,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             if not any(x.var in moves for x in outside) and \
                     not any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in bounds):
                 return path[0], LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
-                                      serial, width, panels, depth, (), shared=True, box=box or ())
+                                      serial, width, panels, depth, (), shared=True, box=box or (), call=t.call)
             # packed per thread instead, a padded conv's boundary pieces ran 0.975x as fast
             continue
         inner = t.serial[-1]
@@ -449,7 +450,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         if stride is None or not f.target.panel_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0):
             continue
         pack = LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width, panels,
-                     depth, ())
+                     depth, (), call=t.call)
         whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.shared_pack_bytes, itemsize)
         if whole is not None:
             return path[0], whole
@@ -518,6 +519,81 @@ def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[
     if elements * itemsize > most:
         return None
     return replace(pack, shared=True, chunks=tuple(dims), parallel=any(x.omp for x in path))
+
+
+# ---- fuse ----
+FUSE_MIN_TRIPS = 32  # the shared loops' iterations: at least this many (for the threads to share)
+
+
+def fuse_pieces(ir: LoopIR, f: Facts) -> LoopIR:
+    """Consecutive top-level nests of one statement whose outermost loops are the same parallel
+    output loops (the pieces polyhedral.split cuts from a padded conv: its boundary columns and its
+    interior, each row) run those loops once, each nest's rest in turn inside them, so a boundary
+    column runs on the input rows the interior reads for the same output row, not in a pass over
+    the whole input of its own; their shared packs go before the fused nest. Legal where the
+    statement reads nothing it writes: updates of different elements then do not depend on each
+    other, and an element's updates in either nest run in the same iteration of the shared loops
+    (their output subscripts in those loops are the same), in the order the nests had."""
+    out: list[LNode] = []
+    for n in ir.body:
+        fused = _fuse(out[-1], n, f) if out else None
+        if fused is not None:
+            out[-1] = fused
+        else:
+            out.append(n)
+    return ir if len(out) == len(ir.body) else replace(ir, body=tuple(out))
+
+
+def _peel(n: LNode) -> tuple[list[LPack], LFor] | None:
+    """The shared packs around a nest (outermost first) and its root loop."""
+    packs: list[LPack] = []
+    while isinstance(n, LPack) and n.shared and len(n.body) == 1:
+        packs.append(n)
+        n = n.body[0]
+    return (packs, n) if isinstance(n, LFor) else None
+
+
+def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
+    pa, pb = _peel(a), _peel(b)
+    if pa is None or pb is None:
+        return None
+    calls = [[x for x in walk((root,)) if isinstance(x, LCall)] for root in (pa[1], pb[1])]
+    names = {c.stmt for cs in calls for c in cs}
+    if len(names) != 1 or not all(calls):
+        return None
+    name = names.pop()
+    st = f.scop.stmt(name)
+    s = f.scop.tc_statement(name)
+    if st.kind != "update" or any(r.tensor == s.tensor for r in reads(s.rhs)):
+        return None
+    shared: list[tuple[LFor, LFor]] = []
+    la, lb = pa[1], pb[1]
+    while (la.var, la.init, la.cond, la.step) == (lb.var, lb.init, lb.cond, lb.step) and la.parallel and lb.parallel \
+            and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll):
+        shared.append((la, lb))
+        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
+                and isinstance(lb.body[0], LFor)):
+            break
+        la, lb = la.body[0], lb.body[0]
+    if not shared:
+        return None
+    trips = [trip_count(x) for x, _ in shared]
+    if any(t is None for t in trips) or math.prod(t or 0 for t in trips) < FUSE_MIN_TRIPS:
+        return None
+    # the shared loops move output subscripts only, the same ones in both nests
+    outer = {x.var for x, _ in shared}
+    args = [dict(zip(st.indices, c.args)) for cs in calls for c in cs]
+    for i in st.indices:
+        moved = [a[i] for a in args if expr_vars(a[i]) & outer]
+        if moved and (i not in s.lhs or len(set(moved)) != 1 or len(moved) != len(args)):
+            return None
+    body = shared[-1][0].body + shared[-1][1].body
+    for x, _ in reversed(shared):
+        body = (replace(x, body=body),)
+    node: LNode = body[0]
+    for p in reversed(pa[0] + pb[0]):
+        node = replace(p, body=(node,))
+    return node
 
 
 # ---- split ----
@@ -589,6 +665,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("hoist", hoist_reads),
     ("vectorise", vectorise),
     ("pack", pack_panels),
+    ("fuse", fuse_pieces),
     ("split", split_tiles),
     ("unroll", unroll),
     ("parallel", collapse),

@@ -214,6 +214,7 @@ class LPack(LNode):
     chunks: tuple[tuple[str, int, int, int], ...] = ()
     parallel: bool = False
     box: tuple[tuple[int, int], ...] = ()  # (first, count) per serial loop, where their bounds vary outside
+    call: LCall | None = None  # the tile that reads the panels (its statement call; None: the first of ``stmt``)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ class MemberInfo:
     strided: float  # accesses that move along an outer dim
     extent: int  # the largest trip count over the statements (for tile-size choices)
     stride: int = 0  # bytes the widest-moving read advances per step of the member (0: none known)
+    whole: int = 0  # the range of the one index it steps over the statement's whole domain (before
+    # polyhedral.split cut it into pieces; 0 where it steps several)
 
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions,
@@ -200,6 +202,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # 3x3 padding: 11.2 ms against 19.1 ms with the columns' reductions innermost)
     longer = [i for i in par if infos[i].extent >= 4]
     column = boundary and bool(red) and contig is not None and infos[contig].extent < 4 and bool(longer)
+    narrow = contig  # a boundary column's own contiguous member (one or two wide)
     if column:
         contig = best = longer[-1]
     row = None
@@ -300,6 +303,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             row_split = {first: row_count, second: 1}
 
     channel_vectors = 0  # decided below, once the cache tiles are known
+    channel_rows = 0  # and the tile's rows along the contiguous member (0: as many as the budget holds)
 
     def _band_rows(i: int) -> int:
         """A conv's output rows per cache tile (the second row member), where the input rows all
@@ -326,7 +330,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         if not red:
             return 1
         if channel_vectors:
-            return channel_vectors if i == min(rows) else budget * lanes // channel_vectors if i == contig else 1
+            rows_along = channel_rows or budget * lanes // channel_vectors
+            return channel_vectors if i == min(rows) else rows_along if i == contig else 1
         if i in rows:
             # one row member: 6 rows x 4 vectors = 24 accumulators (of 32 vector registers), each
             # operand vector loaded once per 6 fused multiply-adds (4 rows: 2.3x slower on matmul)
@@ -382,6 +387,19 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         if count and infos[first].invariant > 0 and not cut(first) and not any(cut(r) for r in red):
             channel_vectors = count * lanes
             order = [i for i in order if i not in (first, contig) and i not in red] + [contig, first] + red
+            if column and budget < COLUMN_TILE_ACCUMULATORS and narrow is not None and infos[narrow].extent == 1 \
+                    and _channel_interior(infos[narrow].whole - 2, lanes, two_row_budget):
+                # A boundary column whose interior runs in channel vectors too: one output row
+                # per tile, the loops outside it in the interior's order (image, row, column), so
+                # that codegen.lower's fuse pass runs the columns in the interior's parallel loop,
+                # on the input rows it has just read (AVX2 8x64x56x56 padded by 1, caches flushed
+                # before each call, in three runs: 13.7-14.7 -> 11.8-13.2 ms, 46x46 9.0 -> 8.0 ms,
+                # against the columns on their own in 3 x 4 vectors).
+                # (A column two wide, as an input gradient's, whose reductions vary along it, keeps
+                # 3 x 4: one row per tile, the column loop would sit inside its weights' reuse, and
+                # they would be gathered, not packed: 16.7 -> 20.7 ms.)
+                channel_rows = 1
+                order = [i for i in range(n) if i in par and i != first] + [first] + red
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
     if options.point_order is not None and len(options.point_order) == n:
@@ -393,6 +411,14 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     else:
         register = [1] * n
     return Plan(tile, order, register)
+
+
+def _channel_interior(width: int, lanes: int, two_row_budget: int) -> bool:
+    """A conv interior ``width`` columns wide runs in channel vectors on a target of ``lanes``
+    (plan: rows too wide for the register tile to take whole)."""
+    vectors = -(-width // lanes)
+    whole = 2 <= vectors <= max(4, two_row_budget // 4) and _pow2_floor(two_row_budget // vectors) >= 2
+    return width >= 4 and not whole
 
 
 def _pow2_floor(x: int) -> int:
@@ -537,7 +563,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
     counts = {dom.get_tuple_name(): _instances(scop, dom.get_tuple_name()) for dom in sets}
     total = sum(counts.values()) or 1
     contiguous = invariant = strided = 0.0
-    extent = stride = 0
+    extent = stride = whole = 0
     for dom in sets:
         st = scop.stmt(dom.get_tuple_name())
         weight = counts[st.name] / total
@@ -546,6 +572,12 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
             strided += weight
             continue
         extent = max(extent, _extent(upa, dom))
+        stepped = [k for k, c in enumerate(direction) if c]
+        if not stepped:  # one wide here (a boundary piece's column): the one index the piece fixes
+            stepped = [k for k in range(len(st.indices)) if _index_range(scop, st.name, k, dom) == 1
+                       and _index_range(scop, st.name, k) > 1][:2]
+        if len(stepped) == 1 and abs(direction[stepped[0]]) in (0, 1):
+            whole = max(whole, _index_range(scop, st.name, stepped[0]))
         tc = scop.tc_statement(st.name)
         subs_list = [acc.subs for acc in tc.accesses if acc.kind in ("read", "cond")]
         subs_list.append(tuple(Sym.var(x, "index") for x in tc.lhs))
@@ -561,7 +593,22 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
                 contiguous += weight
             else:
                 strided += weight
-    return MemberInfo(contiguous, invariant, strided, extent, stride)
+    return MemberInfo(contiguous, invariant, strided, extent, stride, whole)
+
+
+def _index_range(scop: Scop, name: str, k: int, dom: isl.Set | None = None) -> int:
+    """The number of values index ``k`` of statement ``name`` takes over ``dom``, by default its
+    whole domain (0 where that is not a constant)."""
+    sets: list[isl.Set] = [dom] if dom is not None else []
+    if dom is None:
+        scop.domain.foreach_set(lambda st: sets.append(st) if st.get_tuple_name() == name else None)
+    if not sets or sets[0].is_empty():
+        return 0
+    try:
+        lo, hi = sets[0].dim_min_val(k), sets[0].dim_max_val(k)
+    except isl.Error:
+        return 0
+    return hi.to_python() - lo.to_python() + 1 if lo.is_int() and hi.is_int() else 0
 
 
 def _bytes_moved(scop: Scop, tensor: str, moves: list[int | None]) -> int:

@@ -170,12 +170,49 @@ def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None
     tiles = [line for line in str(low.passes[-1][1]).splitlines() if "register tile of S1" in line]
     assert not any("along h" in line for line in tiles), tiles
     channel = "along f" if name == "same3x3" else "along c"
-    assert sum("x32 register tile" in line and channel in line for line in tiles) == 2, tiles
+    assert sum(bool(re.search(r"// \d+x32 register tile", line)) and channel in line for line in tiles) == 2, tiles
     if name == "input_grad" and target == "avx2":
         # the columns' reductions vary along them (kw <= w): their packs hold the range they all
         # cover, not a gather of W1 per step
         packs = [line for line in str(low.passes[-1][1]).splitlines() if "// pack W1" in line]
         assert sum("c6 in 0..1" in line for line in packs) == 2, packs
+
+
+def _top_nests(text: str) -> list[str]:
+    """The printed loop IR cut into its top-level nests (each with the pack comments before it)."""
+    nests: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.startswith("for "):
+            nests.append(pending + line + "\n")
+            pending = ""
+        elif line.startswith("//") or not nests:
+            pending += line + "\n"
+        else:
+            nests[-1] += line + "\n"
+    return nests
+
+
+def test_avx2_boundary_columns_run_in_the_interiors_parallel_loop() -> None:
+    """On AVX2, where a padded conv's interior runs in channel vectors (38 columns), its one-wide
+    columns take one output row per tile, with the interior's loops outside (image, row): the fuse
+    pass runs both columns inside the interior's parallel loop, each row's columns with its
+    interior. (An interior of 18 columns, taken whole by its register tiles, leaves its columns in
+    3 rows x 4 vectors on their own: test_boundary_columns_run_in_channel_vectors.)"""
+    k = tc.define(SAME)
+    low = k.lowered(*_inputs([(2, 3, 23, 40), (32, 3, 3, 3)], seed=5), target="avx2")
+    steps = dict(low.passes)
+    assert str(steps["fuse"]) != str(steps["pack"])
+    nests = _top_nests(str(steps["fuse"]))
+    interior = [n for n in nests if "from the identity" in n]
+    assert len(interior) == 1, nests
+    tiles = [line for line in interior[0].splitlines() if "register tile of S1" in line]
+    assert len(tiles) == 3 and sum("// 32 register tile" in line for line in tiles) == 2, interior[0]
+    assert interior[0].count("parallel omp") == 1 and interior[0].count("// pack W1") == 3, interior[0]
+    # the image and row loops once, the columns' and the interior's rests inside them
+    head = interior[0].splitlines()
+    loops = [line for line in head if line.lstrip().startswith("for (c0 ") or line.lstrip().startswith("for (c1 ")]
+    assert len(loops) == 2, interior[0]
 
 
 @pytest.mark.parametrize("cpu", runnable_of("native", "avx2"))
@@ -185,7 +222,7 @@ def test_boundary_columns_in_channel_vectors_compute_what_numpy_does(name: str, 
     monkeypatch.setenv("TCDSL_CPU", cpu)
     source, _, reference = CASES[name]
     k = tc.define(source)
-    for h, w in ((9, 20), (23, 13)):
+    for h, w in ((9, 20), (23, 13), (23, 40)):  # (23 x 40 on AVX2: columns fused into the interior)
         w_shape = (32, 3, 3, 3) if name == "same3x3" else (3, 32, 3, 3)
         args = _inputs([(2, 3, h, w), w_shape], seed=h)
         want = reference(*args)

@@ -196,7 +196,7 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     lanes = target.lanes("float32")
     if target.accumulators < 16 and F % (2 * lanes) == 0 and F <= 64:
         assert "lanes per row along f" in passes and "once for every thread" in passes, passes
-        assert "#pragma GCC unroll 1" in src and "tc_vf_load(&pk_buf[" in src
+        assert "#pragma GCC unroll 1" in src and "tc_vf_load(&tc_pk0_at[" in src
         assert "tc_vf_gather(&t1" not in _kernel_text(src) and "tc_vf_set1(t0[" in src
     else:
         assert "lanes per row along w" in passes, passes
