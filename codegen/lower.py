@@ -459,7 +459,6 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
     return None
 
 
-
 BOX_MAX_VALUES = 4096  # the assignments enumerated to find one serial loop's range (_box)
 
 
@@ -580,12 +579,14 @@ def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
     trips = [trip_count(x) for x, _ in shared]
     if any(t is None for t in trips) or math.prod(t or 0 for t in trips) < FUSE_MIN_TRIPS:
         return None
-    # the shared loops move output subscripts only, the same ones in both nests
+    # the shared loops move output subscripts only, the same ones in both nests, each a function
+    # of the shared loops alone (so an element's updates sit in one iteration of them)
     outer = {x.var for x, _ in shared}
     args = [dict(zip(st.indices, c.args)) for cs in calls for c in cs]
     for i in st.indices:
         moved = [a[i] for a in args if expr_vars(a[i]) & outer]
-        if moved and (i not in s.lhs or len(set(moved)) != 1 or len(moved) != len(args)):
+        if moved and (i not in s.lhs or len(set(moved)) != 1 or len(moved) != len(args)
+                      or not expr_vars(moved[0]) <= outer):
             return None
     body = shared[-1][0].body + shared[-1][1].body
     for x, _ in reversed(shared):

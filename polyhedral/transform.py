@@ -290,8 +290,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # (these are AVX-512's 16 of 24 accumulators; a target with fewer registers scales them down)
     vectors = -(-infos[contig].extent // lanes) if contig is not None else 0
     row_count = _pow2_floor(two_row_budget // vectors) if vectors else 0
-    whole_contig = len(rows) == 2 and lanes > 1 and 2 <= vectors and row_count >= 2 and \
-        vectors <= max(4, two_row_budget // 4)
+    whole_contig = len(rows) == 2 and lanes > 1 and contig is not None and \
+        _whole_rows(infos[contig].extent, lanes, two_row_budget)
     row_split: dict[int, int] = {}
     if whole_contig and contig is not None:
         first, second = sorted(rows)
@@ -413,12 +413,17 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     return Plan(tile, order, register)
 
 
+def _whole_rows(width: int, lanes: int, two_row_budget: int) -> bool:
+    """Rows ``width`` wide are few enough vectors (two to four, or a quarter of the two-row
+    budget) for a two-row-member register tile to take them whole, at least two of them."""
+    vectors = -(-width // lanes)
+    return 2 <= vectors <= max(4, two_row_budget // 4) and _pow2_floor(two_row_budget // vectors) >= 2
+
+
 def _channel_interior(width: int, lanes: int, two_row_budget: int) -> bool:
     """A conv interior ``width`` columns wide runs in channel vectors on a target of ``lanes``
     (plan: rows too wide for the register tile to take whole)."""
-    vectors = -(-width // lanes)
-    whole = 2 <= vectors <= max(4, two_row_budget // 4) and _pow2_floor(two_row_budget // vectors) >= 2
-    return width >= 4 and not whole
+    return width >= 4 and not _whole_rows(width, lanes, two_row_budget)
 
 
 def _pow2_floor(x: int) -> int:
