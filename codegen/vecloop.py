@@ -16,6 +16,9 @@ libmvec has vector variants too, as fast or faster in these loops and never fall
 scalar calls on special lanes (codegen.vectile.LOOP_CALLS). A loop with ``exp`` keeps its simd
 form where libmvec's expf is the faster (codegen.vectile.libmvec_exp: AVX2 and older).
 
+In a kernel that outgrows the caches, outputs written once bypass them (``streamed``) and the
+inputs a loop alone reads are prefetched ahead of its vectors (``_along``).
+
 A trip count that is not a whole number of vectors ends with a vector overlapping the one before
 it, which recomputes and rewrites the same values; where a statement of the loop reads what one
 of them writes (an update in place), rerun lanes would not, and the loop keeps its scalar form.
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tcdsl.core.affine import Sym
-from tcdsl.core.checked import Binop, Statement, reads
+from tcdsl.core.checked import Binop, Read, Statement, reads
 from tcdsl.polyhedral.loopir import LAccum, LCall, LFor, LInt, expr_vars, trip_count
 
 from .facts import Facts
@@ -48,10 +51,12 @@ class VectorLoop:
     lanes: int
     overlap: bool  # the last vector overlaps the one before
     stream: frozenset[str] = frozenset()  # tensors whose whole vectors bypass the caches (streamed)
+    prefetch: frozenset[str] = frozenset()  # tensors read along the loop, fetched PREFETCH_BYTES ahead
 
     def __str__(self) -> str:
         return (f"{self.trips // self.lanes} x {self.lanes} lanes" + (" + 1 overlapping" if self.overlap else "")
-                + (f", streaming {', '.join(sorted(self.stream))}" if self.stream else ""))
+                + (f", streaming {', '.join(sorted(self.stream))}" if self.stream else "")
+                + (f", prefetching {', '.join(sorted(self.prefetch))}" if self.prefetch else ""))
 
 
 def plan(em: Facts, n: LFor) -> VectorLoop | None:
@@ -88,10 +93,40 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     overlap = trips % lanes != 0
     if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
         return None  # rerunning lanes would read what the first run wrote
-    return VectorLoop(n, tuple(calls), trips, lanes, overlap, frozenset(t for t in written if streamed(em, t)))
+    stream = frozenset(t for t in written if streamed(em, t))
+    large = PREFETCH_BYTES > 0 and _large(em)
+    ahead = frozenset(r.tensor for _, s, row in calls for r in _along(em, s, row)) if large else frozenset()
+    return VectorLoop(n, tuple(calls), trips, lanes, overlap, stream, ahead)
 
 
 STREAM_SHARE = 2  # stream outputs when the kernel's inputs and outputs take at least 1/2 of the last-level cache
+PREFETCH_BYTES = 1024  # how far ahead of a vector loop its reads along the loop are fetched (0: none)
+
+
+def _large(em: Facts) -> bool:
+    """The kernel's inputs and outputs take at least 1/STREAM_SHARE of the last-level cache."""
+    c = em.c
+    nbytes = sum(math.prod(em.shapes[t.name]) * np.dtype(t.dtype).itemsize for t in (*c.inputs, *c.outputs))
+    return nbytes * STREAM_SHARE >= em.target.l3
+
+
+def _along(em: Facts, s: Statement, row: str) -> list[Read]:
+    """The reads of ``s`` from inputs that no other statement reads, running along the loop's row
+    in memory one element apart: in a large kernel (``_large``) they come from memory, and a loop
+    whose vectors take many instructions each (tanh, exp) leaves the hardware's prefetcher behind
+    (tanh(A*B+C), 16M floats, 2 threads, explicit prefetches 1 KB ahead: AVX2 14.8 -> 11.7 ms,
+    AVX-512 11.0 -> 8.9 ms; plain A*B+C the same either way). An input another statement reads
+    too (softmax's rows, read by their maximum first) may be in the caches already, and so may a
+    read that misses one of the statement's indices (a bias row)."""
+    inputs = {t.name for t in em.c.inputs}
+    once = {t for t in inputs if sum(any(r.tensor == t for r in reads(st.rhs)) for st in em.c.stmts) == 1}
+    out = []
+    for r in reads(s.rhs):
+        subs = tuple(x for x in r.subs if isinstance(x, Sym))
+        if (r.tensor in once and id(r) not in em.hoisted and len(subs) == len(r.subs)
+                and set(s.lhs) <= {i for x in subs for i in x.indices()} and elem_step(em, r.tensor, subs, row) == 1):
+            out.append(r)  # each element read once: a read that misses an index is reused from the caches
+    return out
 
 
 def streamed(em: Facts, tensor: str) -> bool:
@@ -107,8 +142,7 @@ def streamed(em: Facts, tensor: str) -> bool:
     if [st.tensor for st in c.stmts].count(tensor) != 1 or any(r.tensor == tensor for st in c.stmts
                                                                 for r in reads(st.rhs)):
         return False
-    nbytes = sum(math.prod(em.shapes[t.name]) * np.dtype(t.dtype).itemsize for t in (*c.inputs, *c.outputs))
-    return nbytes * STREAM_SHARE >= em.target.l3
+    return _large(em)
 
 
 def emit(em: _Emitter, vl: VectorLoop) -> None:
@@ -132,6 +166,7 @@ def emit(em: _Emitter, vl: VectorLoop) -> None:
 
 
 def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
+    fetched: set[str] = set()
     for call, s, row in vl.calls:
         st = em.scop.stmt(call.stmt)
         em.w.line(f"{{  // statement {s.number} (line {s.span.line})")
@@ -140,6 +175,12 @@ def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
             for k, (name, arg) in enumerate(zip(st.indices, call.args)):
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
+            for r in [] if tail else _along(em, s, row):
+                at = em._read(r, env, s)
+                if r.tensor in vl.prefetch and at not in fetched:  # a prefetch never faults, past the end too
+                    fetched.add(at)
+                    ahead = PREFETCH_BYTES // np.dtype(r.dtype).itemsize
+                    em.w.line(f"__builtin_prefetch(&{at} + {ahead});")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             store = "_stream" if s.tensor in vl.stream and not tail else "_store"
             em.w.line(f"{vector_type(s.rhs.dtype)}{store}(&{target}, {vexpr(em, s.rhs, env, s, row)});")

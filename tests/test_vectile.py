@@ -621,6 +621,40 @@ def test_large_write_once_outputs_stream(D: int, target: cputarget.CpuTarget, mo
     assert "tc_vf_stream(&" not in tc.define(SOFTMAX_THEN_READ).source(X).split("int tc_kernel")[1]
 
 
+TANH_CHAIN = """def chain(float(N,D) A, float(N,D) B, float(D) C) -> (Y, Z) {
+    Y(n,d) = tanh(A(n,d) * B(n,d) + C(d))
+    Z(n,d) = exp(-B(n,d))
+}"""
+
+
+@pytest.mark.parametrize("D", [1024, 500])
+def test_large_pointwise_loops_prefetch_the_inputs_they_alone_read(D: int, target: cputarget.CpuTarget,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a kernel whose tensors outgrow the last-level cache (here: any size, STREAM_SHARE
+    raised), a vector loop fetches the rows of the inputs no other statement reads PREFETCH_BYTES
+    ahead (A; not B, which both statements read, nor C, reused by every row), and
+    the pass prints it; the values are the bits of the loop without prefetches."""
+    from tcdsl.codegen import vecloop
+
+    rng = np.random.default_rng(D)
+    A, B = (rng.standard_normal((40, D)).astype(np.float32) for _ in range(2))
+    C = rng.standard_normal(D).astype(np.float32)
+    plain = tc.define(TANH_CHAIN)
+    assert "__builtin_prefetch" not in plain.source(A, B, C)
+    want = plain(A, B, C)
+    monkeypatch.setattr(vecloop, "STREAM_SHARE", 1 << 40)
+    k = tc.define(TANH_CHAIN)
+    body = k.source(A, B, C).split("int tc_kernel")[1]
+    ahead = vecloop.PREFETCH_BYTES // 4
+    assert body.count("__builtin_prefetch(") == 1, body
+    assert f"__builtin_prefetch(&t0[(x0) * {D}L + (x1)] + {ahead});" in body, body
+    assert ", prefetching A\n" in str(k.lowered(A, B, C).passes[-1][1])
+    for got, w in zip(k(A, B, C), want):
+        np.testing.assert_array_equal(got, w)
+    monkeypatch.setattr(vecloop, "PREFETCH_BYTES", 0)  # the knob that turns them off
+    assert "__builtin_prefetch" not in tc.define(TANH_CHAIN).source(A, B, C)
+
+
 PRODUCT_CHAIN = "def prod(float(M,K) A, float(K,N) B) -> (C) { C(m,n) *=! A(m,r_k) + B(r_k,n) }"
 
 
