@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import interp
+from .codegen import pch
 from .core.checked import CheckedDef
 from .core.errors import TcArgumentError, TcError
 from .core.instance import Instance
@@ -144,7 +145,10 @@ def mismatch(got: np.ndarray, want: np.ndarray, allowed: np.ndarray | None) -> s
 def quiesce(max_s: float | None = None, step: float = 0.005) -> None:
     """Sleep until this process's threads stop using CPU (at most ``max_s``, default ``QUIESCE_S``):
     thread pools spin for a while after a call (OpenBLAS's up to ~0.1 s) and would take the cores
-    of the next variant."""
+    of the next variant. First wait for the precompiled header a first compile may have started
+    (codegen.pch): its compiler runs for a second or more beside the timed calls, on one of the
+    cores they use (a conv on 2 threads ran 2.5x slower meanwhile)."""
+    pch.wait()
     deadline = time.perf_counter() + (QUIESCE_S if max_s is None else max_s)
     prev = time.process_time()
     while time.perf_counter() < deadline:
