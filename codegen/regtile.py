@@ -102,23 +102,26 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop,
     from the identity (``first_chunk``: its first chunk)."""
     tiles: dict[str, list[tuple[LTile, int, tuple[LFor, ...]]]] = {}
     calls: dict[str, int] = {}
+    per_nest: dict[tuple[str, int], int] = {}  # (statement, top-level nest) -> its tiles there
 
-    def visit(nodes: tuple[LNode, ...], around: tuple[LFor, ...]) -> None:
+    def visit(nodes: tuple[LNode, ...], around: tuple[LFor, ...], nest: int) -> None:
         for n in nodes:
             if isinstance(n, LFor):
                 rt = match(n, scop, checked)
                 if rt is not None:
                     tiles.setdefault(rt.call.stmt, []).append((rt, id(n), around))
                     calls[rt.call.stmt] = calls.get(rt.call.stmt, 0) + 1
+                    per_nest[rt.call.stmt, nest] = per_nest.get((rt.call.stmt, nest), 0) + 1
                     continue
-                visit(n.body, (*around, n))
+                visit(n.body, (*around, n), nest)
             elif isinstance(n, LIf):
-                visit(n.then, around)
-                visit(n.other, around)
+                visit(n.then, around, nest)
+                visit(n.other, around, nest)
             elif isinstance(n, LCall):
                 calls[n.stmt] = calls.get(n.stmt, 0) + 1
 
-    visit(body, ())
+    for k, n in enumerate(body):
+        visit((n,), (), k)
     out: set[int] = set()
     firsts: dict[int, LExpr] = {}
     for s in checked.stmts:
@@ -126,8 +129,11 @@ def identity_starts(body: tuple[LNode, ...], scop: Scop,
         if not s.init or name not in tiles or calls.get(name) != len(tiles[name]):
             continue
         starts: dict[int, LExpr] = {}
+        alone = all(count == 1 for (stmt, _), count in per_nest.items() if stmt == name)
         for rt, root, around in tiles[name]:
             first = first_chunk(rt, around, scop, s)
+            if first is None and alone and own_reduction(rt, scop, s):
+                first = LInt(1)
             if first is None:
                 break
             if first != LInt(1):
@@ -193,6 +199,28 @@ def first_chunk(rt: LTile, around: tuple[LFor, ...], scop: Scop, s: Statement) -
     if not tests:
         return LInt(1)
     return tests[0] if len(tests) == 1 else LOp("&&", tuple(tests))
+
+
+def own_reduction(rt: LTile, scop: Scop, s: Statement) -> bool:
+    """Each reduction index of ``s`` is one of the tile's own step-1 serial loops plus a constant,
+    a loop for each: no loop around the tile moves a reduction index, so one run of the tile's
+    loops visits every reduction point its nest holds for each of its elements, whatever their
+    bounds. Where the statement's tiles are one to a top-level nest, the nests hold disjoint sets
+    of its elements (index-set splitting cuts the outputs, polyhedral.split; isl's loop separation
+    cuts the loops outside the tiles): each tile then runs its elements' whole reduction, as a
+    guarded statement's boundary piece does (the first row of a padded conv, ``kh`` in 1..2)."""
+    st = scop.stmt(rt.call.stmt)
+    args = dict(zip(st.indices, rt.call.args))
+    own = {f.var: f for f in rt.serial}
+    used: list[str] = []
+    for r in s.reductions:
+        terms = sum_terms(args[r])
+        names = [t.name for t in terms if isinstance(t, LVar)]
+        if any(not isinstance(t, (LVar, LInt)) for t in terms) or len(names) != 1 or names[0] not in own \
+                or own[names[0]].step != 1:
+            return False
+        used.append(names[0])
+    return len(set(used)) == len(used) == len(own)
 
 
 def _last(f: LFor, env: dict[str, int]) -> int | None:
