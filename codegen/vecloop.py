@@ -178,9 +178,8 @@ def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
             for r in [] if tail else _along(em, s, row):
                 at = em._read(r, env, s)
                 if r.tensor in vl.prefetch and at not in fetched:  # a prefetch never faults, past the end too
-                    fetched.add(at)
-                    ahead = PREFETCH_BYTES // np.dtype(r.dtype).itemsize
-                    em.w.line(f"__builtin_prefetch(&{at} + {ahead});")
+                    fetched.add(at)  # (an address, not a pointer past the array: integer arithmetic)
+                    em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {PREFETCH_BYTES}));")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             store = "_stream" if s.tensor in vl.stream and not tail else "_store"
             em.w.line(f"{vector_type(s.rhs.dtype)}{store}(&{target}, {vexpr(em, s.rhs, env, s, row)});")
