@@ -175,9 +175,9 @@ def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
             for k, (name, arg) in enumerate(zip(st.indices, call.args)):
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
-            for r in [] if tail else _along(em, s, row):
+            for r in _along(em, s, row) if vl.prefetch and not tail else ():
                 at = em._read(r, env, s)
-                if r.tensor in vl.prefetch and at not in fetched:  # a prefetch never faults, past the end too
+                if at not in fetched:  # a prefetch never faults, past the end too
                     fetched.add(at)  # (an address, not a pointer past the array: integer arithmetic)
                     em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {PREFETCH_BYTES}));")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
