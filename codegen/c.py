@@ -669,7 +669,8 @@ class _Emitter(Facts):
 
     def _accumulate(self, a: LAccum) -> None:
         """A nest of loops around one reduction into an element they do not move: the element in a
-        local accumulator (in a register); as an `omp simd` reduction where the vectorise pass says so."""
+        local accumulator (in a register); the innermost loop an `omp simd` reduction where the
+        vectorise pass says so."""
         call = a.call
         st = self.scop.stmt(call.stmt)
         s = self.scop.tc_statement(st.name)
@@ -692,10 +693,10 @@ class _Emitter(Facts):
                 w.line("#if TC_VEC")
                 vecloop.emit_accum(self, a.vector)
                 w.line("#else")
-            if simd:
-                extra = " reduction(|:nan)" if minmax and floating else ""
-                w.line(f"#pragma omp simd reduction({s.op}:acc){extra}")
             for n in a.loops:
+                if simd and n is a.loops[-1]:
+                    extra = " reduction(|:nan)" if minmax and floating else ""
+                    w.line(f"#pragma omp simd reduction({s.op}:acc){extra}")
                 w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
                        f"{n.var} += {n.step}) {{")
                 w.push()

@@ -8,7 +8,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     share       temporaries whose lifetimes do not overlap share one buffer
     transpose   copy nests that read along one loop and write along the other move in blocks
     regtile     reduction nests whose target stays in a register tile across the serial loops
-    accumulate  innermost reductions into one element, in a local
+    accumulate  innermost nests of reduction loops into one element, in a local
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
     pack        the operand a vector tile loads along its rows copied into contiguous panels
@@ -190,8 +190,11 @@ def _initialised_by_tiles(n: LNode, identity: set[int]) -> bool:
 
 # ---- accumulate ----
 def accumulate(ir: LoopIR, f: Facts) -> LoopIR:
-    """An innermost reduction loop into one element keeps the element in a local."""
-    return replace(ir, body=rewrite(ir.body, lambda n: accumulation(n, f.scop) if isinstance(n, LFor) else None))
+    """An innermost perfect nest of reduction loops into one element keeps the element in a local
+    across the whole nest: a weight gradient's sum over batch, rows and columns loads and stores
+    its element once, not once per row (and its vector form, codegen.vecloop, combines its lanes once)."""
+    return replace(ir, body=rewrite(ir.body, lambda n: accumulation(n, f.scop, nest=True)
+                                    if isinstance(n, LFor) else None))
 
 
 def accumulation(n: LFor, scop: Scop, nest: bool = False) -> LAccum | None:

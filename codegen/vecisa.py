@@ -9,7 +9,9 @@ extensions). ``tc_vi`` (int32, as many lanes as float32) has ``_load``, ``_store
 half-width ``tc_hf``/``tc_hd`` (256 bits) for the short last vector of a tile's row. AVX-512,
 AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target uses generic vector
 extensions of the target's width. Rows of elements ``s`` apart have ``_gather(p, s)`` and
-``_scatter(p, s, v)`` on every target.
+``_scatter(p, s, v)`` on every target. The last ``n`` elements of a row (``n`` below the lanes) have
+``_load_n(n, p)``, which reads only them and leaves the lanes above zero (AVX-512's and AVX2's
+masked loads, lane by lane elsewhere), and ``_first(n)``, the lane mask of the first ``n`` lanes.
 
 ``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.c) lane by lane: the
 running value ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else the new value ``b`` (so a NaN
@@ -70,7 +72,8 @@ def prelude(target: CpuTarget) -> str:
         body = _generic(target)
     exp = "" if target.isa in ("avx512", "avx2") else _CLAMP[target.isa] + _EXP_VECTOR_EXTENSIONS
     min_max = _GENERIC_MIN_MAX if target.isa == "generic" else ""
-    return (head + body + _LANE_MASKS + _strided(target.isa) + _stream(target.isa) + min_max + exp + _TANH_LOG
+    return (head + body + _LANE_MASKS + _partial(target.isa) + _strided(target.isa) + _stream(target.isa) + min_max
+            + exp + _TANH_LOG
             + "#endif\n#ifndef tc_stream_fence\n#define tc_stream_fence() ((void)0)\n#endif\n")
 
 
@@ -86,6 +89,26 @@ def _stream(isa: str) -> str:
            f"{pre}_stream_{sfx}(p, v); else {pre}_storeu_{sfx}(p, v); }} while (0)"
            for t, sfx in (("f", "ps"), ("d", "pd"))]
     return "\n".join(out) + "\n#define tc_stream_fence() _mm_sfence()\n"
+
+
+def _partial(isa: str) -> str:
+    """``tc_v?_first(n)``, the mask of lanes ``0..n-1``, and ``tc_v?_load_n(n, p)``: ``p[0..n-1]`` in
+    those lanes and zeros above, reading nothing past ``p[n-1]`` (0 <= n <= the lanes)."""
+    out = []
+    for t, ctype, itype in (("f", "float", "int"), ("d", "double", "long long")):
+        lanes = f"(int)(sizeof(tc_v{t}) / sizeof({ctype}))"
+        out.append(f"static inline tc_v{t}i tc_v{t}_first(int n) "
+                   f"{{ tc_v{t}i m; for (int l = 0; l < {lanes}; l++) m[l] = l < n ? ({itype})-1 : 0; return m; }}")
+        sfx = "ps" if t == "f" else "pd"
+        if isa == "avx512":
+            bits = 16 if t == "f" else 8
+            out.append(f"#define tc_v{t}_load_n(n, p) _mm512_maskz_loadu_{sfx}((__mmask{bits})((1u << (n)) - 1u), p)")
+        elif isa == "avx2":
+            out.append(f"#define tc_v{t}_load_n(n, p) _mm256_maskload_{sfx}(p, (__m256i)tc_v{t}_first(n))")
+        else:
+            out.append(f"static inline tc_v{t} tc_v{t}_load_n(int n, const {ctype} *p) "
+                       f"{{ tc_v{t} v = tc_v{t}_zero(); for (int l = 0; l < n; l++) v[l] = p[l]; return v; }}")
+    return "\n".join(out) + "\n"
 
 
 def _strided(isa: str) -> str:

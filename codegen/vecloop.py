@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tcdsl.core.affine import Sym
-from tcdsl.core.checked import Binop, Read, Statement, reads
+from tcdsl.core.checked import Binop, Read, Statement, TExpr, reads
 from tcdsl.polyhedral.loopir import LAccum, LCall, LFor, LInt, expr_vars, trip_count
 
 from .facts import Facts
@@ -191,11 +191,13 @@ ACCUM_PARTS = 4  # vector accumulators of a row reduction: a sum's adds overlap 
 
 @dataclass(frozen=True)
 class VectorAccum:
-    """A row reduction (codegen.lower.accumulation, one loop) in explicit vectors: ``parts``
-    accumulators of ``lanes`` lanes take the vectors in turn and are combined at the end, lane by
-    lane into the local, and the last ``trips % lanes`` elements follow one by one. With one
-    `omp simd` accumulator each add waits for the one before (a sum of a 1024-row: 64 dependent
-    adds); the order of the sum is unspecified either way, and max/min give the same value."""
+    """A reduction nest (codegen.lower.accumulation) whose innermost loop runs in explicit vectors:
+    ``parts`` accumulators of ``lanes`` lanes take its whole vectors in turn, and where the loop is
+    not a whole number of vectors, one more takes its last ``trips % lanes`` elements in a masked
+    vector (reading only them; the other lanes add the identity). The accumulators live across the
+    loops around it, and are combined at the end, lane by lane, into the local. With one `omp simd`
+    accumulator each add waits for the one before (a sum of a 1024-row: 64 dependent adds); the
+    order of the sum is unspecified either way, and max/min give the same value."""
     accum: LAccum
     stmt: Statement
     row: str
@@ -203,16 +205,19 @@ class VectorAccum:
     lanes: int
     parts: int
 
+    @property
+    def rest(self) -> int:
+        return self.trips % self.lanes
+
     def __str__(self) -> str:
-        rest = self.trips % self.lanes
-        return f"{self.parts} x {self.lanes} lanes" + (f" + {rest} one by one" if rest else "")
+        rows = f" per {self.accum.loops[-1].var} row" if len(self.accum.loops) > 1 else ""
+        return f"{self.parts} x {self.lanes} lanes" + (f" + {self.rest} masked" if self.rest else "") + rows
 
 
 def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
-    """The vector form of accumulation ``a``, or None where it has none."""
-    n = a.loop
-    if not (em.VECTOR_TILES and em.vectorize and a.simd and len(a.loops) == 1 and n.step == 1
-            and isinstance(n.init, LInt)):
+    """The vector form of accumulation ``a`` (its innermost loop), or None where it has none."""
+    n = a.loops[-1]
+    if not (em.VECTOR_TILES and em.vectorize and a.simd and n.step == 1 and isinstance(n.init, LInt)):
         return None
     trips = trip_count(n)
     st = em.scop.stmt(a.call.stmt)
@@ -232,7 +237,7 @@ def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
 
 def emit_accum(em: _Emitter, va: VectorAccum) -> None:
     """The accumulation into the local ``acc`` (declared and stored by the caller)."""
-    w, n, s = em.w, va.accum.loop, va.stmt
+    w, n, s = em.w, va.accum.loops[-1], va.stmt
     assert isinstance(n.init, LInt)
     v = vector_type(s.rhs.dtype)
     lo, end, lanes, step = n.init.value, n.init.value + va.trips, va.lanes, va.parts * va.lanes
@@ -241,7 +246,9 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
     def vop(a: str, b: str) -> str:
         return f"{v}_{s.op}({a}, {b})" if s.op in ("max", "min") else f"{a} {s.op} {b}"
 
-    def update(q: str, off: int) -> None:
+    def update(q: str, off: int, rest: int = 0) -> None:
+        """``q`` takes the vector at ``off`` past the loop's index; with ``rest``, its first ``rest``
+        elements only (masked loads, and the identity in the lanes above)."""
         st = em.scop.stmt(va.accum.call.stmt)
         w.line("{")
         with w.indent():
@@ -250,15 +257,30 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
                 shift = f" + {off}" if off and name == va.row else ""
                 w.line(f"const long x{k} = {unparen(em._lexpr(arg))}{shift};")
                 env[name] = f"x{k}"
+
+            def value(e: TExpr) -> str:
+                text = vexpr(em, e, env, s, va.row)
+                if not rest:
+                    return text
+                assert f"{v}_gather(" not in text  # plan_accum's reads: along the row, or broadcast
+                masked = text.replace(f"{v}_load(", f"{v}_load_n({rest}, ")
+                return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
+
+            if rest:
+                w.line(f"const {v}i m = {v}_first({rest});")
             rhs = s.rhs
             if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
-                a, b = vexpr(em, rhs.lhs, env, s, va.row), vexpr(em, rhs.rhs, env, s, va.row)
-                w.line(f"{q} = {v}_fma({a}, {b}, {q});")
+                w.line(f"{q} = {v}_fma({value(rhs.lhs)}, {value(rhs.rhs)}, {q});")
             else:
-                w.line(f"{q} = {vop(q, vexpr(em, rhs, env, s, va.row))};")
+                w.line(f"{q} = {vop(q, value(rhs))};")
         w.line("}")
 
-    w.line(f"{v} " + ", ".join(f"q{j} = {v}{identity}" for j in range(va.parts)) + ";")
+    names = [f"q{j}" for j in range(va.parts)] + ["qt"] * bool(va.rest)
+    w.line(f"{v} " + ", ".join(f"{q} = {v}{identity}" for q in names) + ";")  # before the outer loops
+    for o in va.accum.loops[:-1]:
+        w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
+               f"{o.var} += {o.step}) {{")
+        w.push()
     w.line(f"long {n.var} = {lo};")
     w.line(f"for (; {n.var} + {step} <= {end}; {n.var} += {step}) {{")
     with w.indent():
@@ -270,6 +292,13 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
         with w.indent():
             update("q0", 0)
         w.line("}")
+    if va.rest:
+        update("qt", 0, va.rest)
+    for _ in va.accum.loops[:-1]:
+        w.pop()
+        w.line("}")
+    if va.rest:
+        w.line(f"q0 = {vop('q0', 'qt')};")
     width = 1
     while width < va.parts:
         for j in range(0, va.parts - width, 2 * width):
@@ -277,8 +306,3 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
         width *= 2
     scalar = f"tc_{s.op}(acc, q0[l])" if s.op in ("max", "min") else f"acc {s.op} q0[l]"
     w.line(f"for (int l = 0; l < {lanes}; l++) acc = {scalar};")
-    if va.trips % lanes:
-        w.line(f"for (; {n.var} < {end}; {n.var} += 1) {{")
-        with w.indent():
-            em._statement_body(va.accum.call, "acc")
-        w.line("}")

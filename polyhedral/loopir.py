@@ -163,7 +163,7 @@ class LAccum(LNode):
 
     loops: tuple[LFor, ...]  # a perfect nest, outermost first, around ``call``
     call: LCall
-    simd: bool = False  # one loop, as an `omp simd` reduction
+    simd: bool = False  # the innermost loop as an `omp simd` reduction
     vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
     vector_text: str = ""  # how, for the printed form
 

@@ -282,7 +282,7 @@ ROWS = """def rows(float(N,D) X, float(N,D) Y) -> (S, P, MX, MN, Q) {
 def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputarget.CpuTarget) -> None:
     """Row reductions (+, *, max, min and a sum of products) take explicit vector accumulators,
     as the vectorise pass prints: sums close to numpy within D roundings of their |terms|, max and
-    min exact, with rows of whole vectors or not (203: the last elements one by one); a NaN in
+    min exact, with rows of whole vectors or not (203: the last elements in a masked vector); a NaN in
     the vector part or in the last elements reaches the row's sum, max and min."""
     rng = np.random.default_rng(7)
     X = (rng.random((6, D)) - 0.5).astype(dtype)
@@ -291,7 +291,7 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     k = tc.define(ROWS.replace("float(", f"{dtype}("))
     lanes = target.lanes(dtype)
     parts = min(4, D // lanes)
-    rest = f" + {D % lanes} one by one" if D % lanes else ""
+    rest = f" + {D % lanes} masked" if D % lanes else ""
     text = lower.trace(k.lowered(X, Y).passes)
     assert text.count(f"(simd; vector {parts} x {lanes} lanes{rest})") == 5, text
     S, P, MX, MN, Q = k(X, Y)
@@ -303,6 +303,50 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     np.testing.assert_array_equal(MX, X.max(1))  # numpy's max and min propagate NaN too
     np.testing.assert_array_equal(MN, X.min(1))
     assert np.isnan(S[[2, 4]]).all() and np.isnan(Q[[2, 4]]).all() and not np.isnan(S[[0, 1, 3, 5]]).any()
+
+
+NEST = """def nest(float(N,F,W) A, float(N,C,W) B, float(N,F,H,W) dO, float(N,C,HI,WI) I) -> (S, MX, MN, dW) {
+    S(f, c) +=! A(r_n, f, r_w) * B(r_n, c, r_w)
+    MX(f) max=! A(r_n, f, r_w)
+    MN(f) min=! A(r_n, f, r_w)
+    dW(f, c, kh, kw) +=! dO(r_n, f, r_h, r_w) * I(r_n, c, r_h + kh, r_w + kw) where kh in 0:3, kw in 0:3
+}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("W", [30, 32])
+def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: str,
+                                                                 target: cputarget.CpuTarget) -> None:
+    """A reduction over a nest of loops (a conv's weight gradient: batch, rows, columns) keeps its
+    element and its vector accumulators across the whole nest, as the passes print, with each
+    row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2);
+    sums close to float64 within the terms' roundings, max and min exact, and a NaN in a row's
+    masked part reaches the sum, max and min."""
+    rng = np.random.default_rng(11)
+    N, F, C, H = 3, 4, 5, 6
+    A, B = (rng.standard_normal(s).astype(dtype) for s in ((N, F, W), (N, C, W)))
+    dO, I = rng.standard_normal((N, F, H, W)).astype(dtype), rng.standard_normal((N, C, H + 2, W + 2)).astype(dtype)
+    A[1, 2, W - 1] = np.nan  # the last column: in the masked vector when W is not whole vectors
+    k = tc.define(NEST.replace("float(", f"{dtype}("))
+    lanes = target.lanes(dtype)
+    rest = f" + {W % lanes} masked" if W % lanes else ""
+    text = str(dict(k.lowered(A, B, dO, I).passes)["vectorise"])
+    vector = f"vector {min(4, W // lanes)} x {lanes} lanes{rest} per "
+    over = [line for line in text.split("\n") if "// accumulate" in line and vector in line]
+    assert len(over) == 4, text  # each statement
+    assert all(", " in line.split(" over ")[1].split(" in a local")[0] for line in over), over  # nests, not rows
+    S, MX, MN, dW = k(A, B, dO, I)
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        assert_close(S, np.einsum("nfw,ncw->fc", A64, B64), terms=N * W,
+                     scale=np.einsum("nfw,ncw->fc", np.abs(A64), np.abs(B64)), dtype=dtype)
+        np.testing.assert_array_equal(MX, A.max((0, 2)))
+        np.testing.assert_array_equal(MN, A.min((0, 2)))
+    assert np.isnan(S[2]).all() and not np.isnan(S[[0, 1, 3]]).any()
+    win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))[:, :, :H, :W]
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(dW, ref, terms=N * H * W, scale=scale, dtype=dtype)
 
 
 COLUMN = "def col(float(M,N) X) -> (O) {{ O(j) {op}=! X(i, j) }}"
