@@ -405,8 +405,8 @@ class Kernel:
         call would use (see ``options_for``) and where they come from."""
         arrays = self._view_arrays(args, "c")
         choice = self._choice(arrays, "c", options)
-        opts = choice.options.resolved(self.checked)
-        text = explain_lowered(self._lowered(arrays, opts, None), opts)
+        low = self._lowered(arrays, choice.options, None)
+        text = explain_lowered(low, low.options)
         return Explanation(f"{choice.header()}\n{text}", text.rows)
 
     def _hot_kernel(self, args: Sequence[Any]) -> CKernel | None:

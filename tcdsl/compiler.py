@@ -49,6 +49,8 @@ class Lowered:
     passes: tuple[tuple[str, LoopIR], ...]  # after each lowering pass (codegen.lower), in order
     source: cgen.CSource
     strides: dict[str, tuple[int, ...]] = field(compare=False)  # each tensor's element strides
+    options: MappingOptions = field(compare=False)  # the options, their fusion strategy decided
+    fusion_why: str = field(compare=False)  # how the schedule stage decided it
 
     @property
     def lowered_ir(self) -> LoopIR:
@@ -100,16 +102,15 @@ def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int,
 
 def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]],
            target: CpuTarget) -> Lowered:
-    options = options.resolved(inst.checked)
     scop = build_scop(inst)
     deps = dependences(scop)
-    tree = schedule.compute(scop, deps, options)
+    tree, options, why = schedule.with_default_fusion(scop, deps, options)
     final = transform.transform(tree, scop, deps, options, target)
     ir = astgen.build(final, scop.context, deps.all, options)
     vector_math = toolchain.has_vector_math()
     passes = cpu_passes.run(ir, Facts(scop, strides, target, options.vectorize, vector_math, options.unroll))
     src = cgen.emit(passes[-1][1], scop, strides, target, vectorize=options.vectorize, vector_math=vector_math)
-    low = Lowered(scop, deps, tree, final, ir, passes, src, strides)
+    low = Lowered(scop, deps, tree, final, ir, passes, src, strides, options, why)
     _dump(low)
     return low
 
@@ -121,7 +122,7 @@ def _dump(low: Lowered) -> None:
     d.mkdir(parents=True, exist_ok=True)
     name = low.scop.inst.checked.name
     (d / f"{name}.scop.txt").write_text(str(low.scop) + "\n\n" + str(low.deps) + "\n")
-    (d / f"{name}.schedule.txt").write_text(f"{low.tree.get_root()}\n\n{low.final.get_root()}\n")
+    (d / f"{name}.schedule.txt").write_text(f"# {low.fusion_why}\n{low.tree.get_root()}\n\n{low.final.get_root()}\n")
     (d / f"{name}.loops.txt").write_text(str(low.ir) + "\n")
     (d / f"{name}.passes.txt").write_text(cpu_passes.trace(low.passes, low.ir))
     (d / f"{name}.c").write_text(low.source.text)

@@ -91,7 +91,7 @@ def explain(low, options: MappingOptions) -> Explanation:  # low: compiler.Lower
     scop = low.scop
     c = scop.inst.checked
     sizes = ", ".join(f"{k}={v}" for k, v in scop.inst.sizes.items())
-    out = [f"def {c.name} ({sizes}), fusion '{options.fusion}'", "", "statements:"]
+    out = [f"def {c.name} ({sizes}), {low.fusion_why}", "", "statements:"]
     for st in scop.stmts:
         s = scop.tc_statement(st.name)
         what = "init of statement" if st.kind == "init" else "statement"

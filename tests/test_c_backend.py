@@ -1137,3 +1137,45 @@ def test_small_windows_vectorise_over_the_output_row_and_match_numpy(shape: tupl
     if shape == (2, 3, 56, 56):
         src = k.source(I)
         assert "statement 1: a 28 register tile of O" in src, src  # the output row, 28 wide, across the window
+
+
+NORM_GRAD = """def norm_grad(float(N,D) X, float(D) G, float(N) mean, float(N) rstd, float(N,D) dY) -> (dX, dG, dB) {
+    xc(n, d) = X(n, d) - mean(n)
+    dG(d) +=! dY(r_n, d) * xc(r_n, d) * rstd(r_n)
+    dB(d) +=! dY(r_n, d)
+    dxc(n, d) = dY(n, d) * rstd(n) * G(d)
+    s(n) +=! dxc(n, r_d) * xc(n, r_d) * rstd(n)
+    m(n) +=! dxc(n, r_d)
+    dX(n, d) = dxc(n, d) - (m(n) + xc(n, d) * rstd(n) * s(n)) / D
+}"""
+
+
+@pytest.mark.cpu
+def test_default_fusion_keeps_the_outermost_loops_parallel():
+    """A def whose statements run their loops in different orders (column sums over n beside row
+    sums over d, as a norm's backward; no plain product of two reads, so the def's default is 'max'):
+    that fusion skews them under one serial outermost loop, so the default takes 'preserve', says
+    why (explain, the schedule stage's decision), keeps every outermost loop parallel and gives the
+    results of 'max' and of numpy; given options keep theirs."""
+    rng = np.random.default_rng(5)
+    N, D = 48, 40
+    X, dY = rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((N, D)).astype(np.float32)
+    G, mean, rstd = (rng.standard_normal(s).astype(np.float32) for s in (D, N, N))
+    k = tc.define(NORM_GRAD)
+    args = (X, G, mean, rstd, dY)
+    low = k.lowered(*args)
+    assert low.options.fusion == "preserve" and low.fusion_why.startswith("fusion 'preserve': 'max' ran ")
+    assert schedule.serial_share(low.tree, low.scop) == 0.0
+    maxed = k.lowered(*args, options=MappingOptions(fusion="max"))
+    assert maxed.options.fusion == "max" and schedule.serial_share(maxed.tree, maxed.scop) > 0.5
+    assert "fusion 'preserve': 'max' ran " in k.explain(*args).split("\n")[1]
+    X64, dY64, G64, m64, r64 = (a.astype(np.float64) for a in (X, dY, G, mean, rstd))
+    xc = X64 - m64[:, None]
+    dxc = dY64 * r64[:, None] * G64
+    want = (dxc - (dxc.sum(1)[:, None] + xc * r64[:, None] ** 2 * (dxc * xc).sum(1)[:, None]) / D,
+
+            (dY64 * xc * r64[:, None]).sum(0), dY64.sum(0))
+    for opts in (None, MappingOptions(fusion="max")):
+        got = k(*args, options=opts)
+        for g, w, terms in zip(got, want, (D, N, N)):
+            assert_close(g, w, terms=terms, scale=np.abs(w).max(), dtype="float32")
