@@ -124,6 +124,11 @@ static inline long tc_chunk(long trips) {
 
 """
 
+# A copy into packed panels this large, made once before the parallel loops that read it, is made
+# by every thread: a padded conv's weight gradient 8x64x56x56 packs its input (6 MB) for each of
+# its eight boundary pieces (2 threads: 94 -> 86 ms); a small one (a conv's weights) stays serial.
+PARALLEL_PACK_BYTES = 1 << 18
+
 # A kernel with vector register tiles is compiled without GCC's predictive commoning: the tiles
 # already load each input vector once per step, and GCC, carrying the rows a conv tile shares
 # across its window's steps in registers, spilled a 6x2 tile's accumulators (AVX2 conv2d
@@ -394,8 +399,11 @@ class _Emitter(Facts):
         for var, first, step, trips in p.chunks:
             w.line(f"for (long {var} = {first}; {var} < {first + step * trips}; {var} += {step}) {{")
             w.push()
-        for g, (first, count) in zip(tile.serial, ranges):  # along the operand's rows: whole rows stream in, prefetched
+        for k, (g, (first, count)) in enumerate(zip(tile.serial, ranges)):  # along the rows: whole rows stream in
             cond = f"{g.var} < {first} + {count}" if p.box else _top(self._lexpr(g.cond))
+            if k == 0 and p.shared and not p.parallel and \
+                    self._pack_elements(p) * self._itemsize(r.tensor) >= PARALLEL_PACK_BYTES:
+                w.line("#pragma omp parallel for schedule(static)")  # a large copy before the parallel loops
             w.line(f"for (long {g.var} = {first}; {cond}; {g.var} += {g.step}) {{")
             w.push()
         for g in panel:

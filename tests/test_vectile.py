@@ -10,6 +10,7 @@ fallback (-DTC_VEC=0) still right."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
+from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain, vecisa
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
@@ -791,3 +793,30 @@ def test_panels_too_large_for_a_thread_pack_whole(monkeypatch: pytest.MonkeyPatc
     loops = str(k.lowered(A, B, options=deep).passes[-1][1])
     assert "pack B" in loops and "copied by all threads" in loops, loops
     assert_close(k(A, B, options=deep), _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
+
+
+WGRAD_SAME = """def wgrad(float(N,C,H,W) I, float(N,F,H,W) dO) -> (dW) {
+    dW(f, c, kh, kw) +=! dO(r_n, f, r_h, r_w) * I(r_n, c, r_h + kh - 1, r_w + kw - 1) where kh in 0:3, kw in 0:3
+}"""
+
+
+@pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
+def test_large_shared_packs_are_copied_by_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A padded conv's weight gradient packs its input once per boundary piece, before the
+    parallel loops that read it; a pack of at least PARALLEL_PACK_BYTES is copied by every thread
+    (`omp parallel for` on its outermost loop), a small one serially: the numbers of numpy."""
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    rng = np.random.default_rng(4)
+    N, C, F, H, W = 2, 32, 64, 40, 40
+    I, dO = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((N, F, H, W)).astype(np.float32)
+    k = tc.define(WGRAD_SAME)
+    text = k.lowered(I, dO).source.text
+    copies = re.findall(r"read I from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk", text, re.S)
+    big = [int(n) * int(d) * int(w) * 4 >= cgen.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
+    assert any(big), text
+    assert all(("#pragma omp parallel for schedule(static)" in c[3]) == b for c, b in zip(copies, big)), text
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (3, 3), axis=(2, 3))[:, :, :H, :W]
+    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, dO), want, terms=N * H * W, scale=scale)
