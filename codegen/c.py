@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -686,6 +686,27 @@ class _Emitter(Facts):
         t = self.tensors[s.tensor]
         ctype = CTYPE[t.dtype]
         w = self.w
+        if a.jam:
+            assert a.vector is not None
+            self.vector_code = True
+            w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {', '.join(f.var for f in a.loops)}, "
+                   f"the elements of {', '.join(f.var for f in a.jam)} at once")
+            w.line("#if TC_VEC")
+            with w.indent():
+                vecloop.emit_jammed(self, a.vector, CTYPE[self.tensors[s.tensor].dtype])
+            w.line("#else")
+            with w.indent():
+                for n in a.jam:
+                    w.line(f"for ({self.ITYPE} {n.var} = {_top(self._lexpr(n.init))}; {_top(self._lexpr(n.cond))}; "
+                           f"{n.var} += {n.step}) {{")
+                    w.push()
+                self._accumulate(replace(a, jam=(), vector=None, vector_text=""))
+                for _ in a.jam:
+                    w.pop()
+                    w.line("}")
+            w.line("#endif")
+            w.line("}")
+            return
         w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {', '.join(f.var for f in a.loops)}")
         with w.indent():
             outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}

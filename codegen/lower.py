@@ -303,6 +303,10 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
             a = replace(n, simd=dtype not in ("float16", "bool"))
             va = vecloop.plan_accum(f, a)
             return replace(a, vector=va, vector_text=str(va)) if va is not None else a
+        if isinstance(n, LFor) and not n.simd:
+            jammed = vecloop.jam(f, n)
+            if jammed is not None:
+                return jammed
         if isinstance(n, LFor) and n.simd:
             f.hoisted = hoisted_reads(n, f)
             vl = vecloop.plan(f, n)

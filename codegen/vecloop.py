@@ -26,15 +26,16 @@ of them writes (an update in place), rerun lanes would not, and the loop keeps i
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tcdsl.core.affine import Sym
 from tcdsl.core.checked import Binop, Read, Statement, TExpr, reads
-from tcdsl.polyhedral.loopir import LAccum, LCall, LFor, LInt, expr_vars, trip_count
+from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .facts import Facts
 from .vecisa import vector_type
@@ -232,7 +233,9 @@ def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
         return None
     if not vector_expr(em, s.rhs, s, along[0], loop=True):
         return None
-    return VectorAccum(a, s, along[0], trips, lanes, max(1, min(ACCUM_PARTS, trips // lanes)))
+    parts = max(1, min(ACCUM_PARTS, trips // lanes))
+    # jammed (``jam``): each element its own accumulators, one of whole vectors and one masked
+    return VectorAccum(a, s, along[0], trips, lanes, 1 if a.jam else parts)
 
 
 def emit_accum(em: _Emitter, va: VectorAccum) -> None:
@@ -258,20 +261,27 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
                 w.line(f"const long x{k} = {unparen(em._lexpr(arg))}{shift};")
                 env[name] = f"x{k}"
 
-            def value(e: TExpr) -> str:
+            def value(e: TExpr, select: bool = True) -> str:
                 text = vexpr(em, e, env, s, va.row)
                 if not rest:
                     return text
                 assert f"{v}_gather(" not in text  # plan_accum's reads: along the row, or broadcast
                 masked = text.replace(f"{v}_load(", f"{v}_load_n({rest}, ")
+                if not select:
+                    return masked
                 return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
 
-            if rest:
-                w.line(f"const {v}i m = {v}_first({rest});")
             rhs = s.rhs
             if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
-                w.line(f"{q} = {v}_fma({value(rhs.lhs)}, {value(rhs.rhs)}, {q});")
+                # two reads along the row load zeros past the rest: their product adds zero there
+                loads = all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
+                            for x in (rhs.lhs, rhs.rhs))
+                if rest and not loads:
+                    w.line(f"const {v}i m = {v}_first({rest});")
+                w.line(f"{q} = {v}_fma({value(rhs.lhs, not loads)}, {value(rhs.rhs, not loads)}, {q});")
             else:
+                if rest:
+                    w.line(f"const {v}i m = {v}_first({rest});")
                 w.line(f"{q} = {vop(q, value(rhs))};")
         w.line("}")
 
@@ -306,3 +316,121 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
         width *= 2
     scalar = f"tc_{s.op}(acc, q0[l])" if s.op in ("max", "min") else f"acc {s.op} q0[l]"
     w.line(f"for (int l = 0; l < {lanes}; l++) acc = {scalar};")
+
+
+def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
+    """``n`` with the innermost short loops of its perfect nest around a vector sum (an
+    ``LAccum`` over a nest: a weight gradient's batch, rows and columns) taken into the sum, each
+    element with accumulators of its own: the loads their reads share (a weight gradient's output
+    gradient, for every tap of its 3x3 window) are made once per vector, not once per element.
+    As many loops as keep every element's two accumulators within the target's; None where there
+    is no such nest. Weight gradients on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms;
+    group conv 8x32x16x28x28, 17.9 -> 10.2 ms."""
+    chain = [n]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LFor):
+        chain.append(chain[-1].body[0])  # type: ignore[arg-type]
+    inner = chain[-1].body
+    if len(inner) != 1 or not isinstance(inner[0], LAccum) or inner[0].jam:
+        return None
+    acc = inner[0]
+    s = em.scop.tc_statement(acc.call.stmt)
+    if s.op != "+" or em.tensors[s.tensor].dtype not in VECTOR_DTYPES:
+        return None
+    va = plan_accum(em, replace(acc, simd=True, jam=(chain[-1],)))
+    if va is None:
+        return None
+    per = 1 + bool(va.rest)
+    taken: list[LFor] = []
+    count = 1
+    for f in reversed(chain):
+        trips = trip_count(f)
+        if f.omp or trips is None or trips < 1 or count * trips * per > em.target.accumulators:
+            break
+        taken.insert(0, f)
+        count *= trips
+    if count < 2:
+        return None
+    a = replace(acc, simd=True, jam=tuple(taken))
+    va = plan_accum(em, a)
+    assert va is not None
+    node: LFor | LAccum = replace(a, vector=va, vector_text=str(va))
+    for f in reversed(chain[:len(chain) - len(taken)]):
+        node = replace(f, body=(node,))
+    return node
+
+
+def _subst(e: LExpr, values: dict[str, int]) -> LExpr:
+    """``e`` with the loop variables of ``values`` replaced by their values."""
+    if isinstance(e, LVar) and e.name in values:
+        return LInt(values[e.name])
+    if isinstance(e, LOp):
+        return LOp(e.op, tuple(_subst(x, values) for x in e.args))
+    return e
+
+
+def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
+    """The jammed sum (``jam``): each element of the jammed loops loaded into a local, accumulated
+    in vectors of its own across the nest, and stored."""
+    w, n, s, a = em.w, va.accum.loops[-1], va.stmt, va.accum
+    assert isinstance(n.init, LInt)
+    v = vector_type(s.rhs.dtype)
+    lo, end, lanes = n.init.value, n.init.value + va.trips, va.lanes
+    st = em.scop.stmt(a.call.stmt)
+    ranges = []
+    for f in a.jam:
+        assert isinstance(f.init, LInt)
+        ranges.append([f.init.value + k * f.step for k in range(trip_count(f) or 0)])
+    combos = [dict(zip((f.var for f in a.jam), c)) for c in itertools.product(*ranges)]
+    targets = []
+    for k, values in enumerate(combos):
+        args = {i: _subst(x, values) for i, x in zip(st.indices, a.call.args)}
+        outer = {name: f"({unparen(em._lexpr(args[name]))})" for name in s.lhs}
+        targets.append(em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer))
+        w.line(f"{ctype} acc{k} = {targets[-1]};")
+    names = [f"q{k}" for k in range(len(combos))] + [f"qt{k}" for k in range(len(combos)) if va.rest]
+    w.line(f"{v} " + ", ".join(f"{q} = {v}_zero()" for q in names) + ";")
+
+    def update(q: str, values: dict[str, int], rest: int = 0) -> None:
+        w.line("{")
+        with w.indent():
+            env: dict[str, str] = {}
+            for k, (name, arg) in enumerate(zip(st.indices, a.call.args)):
+                w.line(f"const long x{k} = {unparen(em._lexpr(_subst(arg, values)))};")
+                env[name] = f"x{k}"
+            rhs = s.rhs
+            if isinstance(rhs, Binop) and rhs.op == "*":
+                x, y = vexpr(em, rhs.lhs, env, s, va.row), vexpr(em, rhs.rhs, env, s, va.row)
+                if rest:  # masked loads: zeros past the rest; anything else zero there by a select
+                    w.line(f"const {v}i m = {v}_first({rest});")
+                    x, y = (t.replace(f"{v}_load(", f"{v}_load_n({rest}, ") for t in (x, y))
+                    x, y = (t if t.startswith(f"{v}_load_n(") else f"{v}_select(m, {t}, {v}_zero())" for t in (x, y))
+                w.line(f"{q} = {v}_fma({x}, {y}, {q});")
+            else:
+                t = vexpr(em, rhs, env, s, va.row)
+                if rest:
+                    w.line(f"const {v}i m = {v}_first({rest});")
+                    t = f"{v}_select(m, {t.replace(f'{v}_load(', f'{v}_load_n({rest}, ')}, {v}_zero())"
+                w.line(f"{q} = {q} + {t};")
+        w.line("}")
+
+    for o in a.loops[:-1]:
+        w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
+               f"{o.var} += {o.step}) {{")
+        w.push()
+    w.line(f"long {n.var} = {lo};")
+    w.line(f"for (; {n.var} + {lanes} <= {end}; {n.var} += {lanes}) {{")
+    with w.indent():
+        for k, values in enumerate(combos):
+            update(f"q{k}", values)
+    w.line("}")
+    if va.rest:
+        for k, values in enumerate(combos):
+            update(f"qt{k}", values, va.rest)
+    for _ in a.loops[:-1]:
+        w.pop()
+        w.line("}")
+    for k in range(len(combos)):
+        if va.rest:
+            w.line(f"q{k} = q{k} + qt{k};")
+        w.line(f"for (int l = 0; l < {lanes}; l++) acc{k} = acc{k} + q{k}[l];")
+        w.line(f"{targets[k]} = acc{k};")

@@ -164,6 +164,7 @@ class LAccum(LNode):
     loops: tuple[LFor, ...]  # a perfect nest, outermost first, around ``call``
     call: LCall
     simd: bool = False  # the innermost loop as an `omp simd` reduction
+    jam: tuple[LFor, ...] = ()  # the short loops around it, moving the element, whose elements it takes at once
     vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
     vector_text: str = ""  # how, for the printed form
 
@@ -462,7 +463,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LAccum):
         over = ", ".join(f.var for f in n.loops)
         local = "; ".join(["simd"] * n.simd + [f"vector {n.vector_text}"] * bool(n.vector_text))
-        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{f' ({local})' if local else ''}")
+        jam = f", the elements of {', '.join(f.var for f in n.jam)} at once" if n.jam else ""
+        out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{jam}{f' ({local})' if local else ''}")
         _print(n.loop, depth, out)
     elif isinstance(n, LCopy):
         box = ", ".join(f"{expr_text(o)} +: {k}" for o, k in zip(n.offsets, n.sizes))

@@ -321,7 +321,9 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
                                                                  target: cputarget.CpuTarget) -> None:
     """A reduction over a nest of loops (a conv's weight gradient: batch, rows, columns) keeps its
     element and its vector accumulators across the whole nest, as the passes print, with each
-    row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2);
+    row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2); the
+    sums take the elements of the short loops around them at once (the weight gradient's 3x3
+    window, as many taps as the target's accumulators hold), max and min one element each;
     sums close to float64 within the terms' roundings, max and min exact, and a NaN in a row's
     masked part reaches the sum, max and min."""
     rng = np.random.default_rng(11)
@@ -333,10 +335,11 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     lanes = target.lanes(dtype)
     rest = f" + {W % lanes} masked" if W % lanes else ""
     text = str(dict(k.lowered(A, B, dO, I).passes)["vectorise"])
-    vector = f"vector {min(4, W // lanes)} x {lanes} lanes{rest} per "
-    over = [line for line in text.split("\n") if "// accumulate" in line and vector in line]
-    assert len(over) == 4, text  # each statement
-    assert all(", " in line.split(" over ")[1].split(" in a local")[0] for line in over), over  # nests, not rows
+    lines = {line.split("accumulate ")[1].split(" ")[0]: line for line in text.split("\n") if "// accumulate" in line}
+    assert len(lines) == 4 and all(f" x {lanes} lanes{rest} per " in x for x in lines.values()), text
+    assert all(", " in x.split(" over ")[1].split(" in a local")[0] for x in lines.values()), text  # nests, not rows
+    assert "at once" in lines["S1"] and "at once" in lines["S4"], text  # the sums: several elements at once
+    assert "at once" not in lines["S2"] + lines["S3"], text  # max and min: one element each
     S, MX, MN, dW = k(A, B, dO, I)
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
     with np.errstate(invalid="ignore"):
@@ -349,6 +352,19 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
     scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
     assert_close(dW, ref, terms=N * H * W, scale=scale, dtype=dtype)
+
+
+def test_reduction_nests_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With the vector code turned off (-DTC_VEC=0), the nests' scalar form (the jammed loops run
+    again around each element's sum) gives the vector form's numbers."""
+    rng = np.random.default_rng(12)
+    N, F, C, H, W = 2, 3, 4, 5, 30
+    shapes = ((N, F, W), (N, C, W), (N, F, H, W), (N, C, H + 2, W + 2))
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    got = tc.define(NEST)(*args)
+    scalar = _built_with(monkeypatch, tmp_path, "-DTC_VEC=0", NEST, args)
+    for g, x, terms in zip(got, scalar, (N * W, N * W, N * W, N * H * W)):
+        assert_close(x, g.astype(np.float64), terms=terms, scale=np.abs(g).max() + 1, dtype="float32")
 
 
 COLUMN = "def col(float(M,N) X) -> (O) {{ O(j) {op}=! X(i, j) }}"
