@@ -340,11 +340,17 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     if va is None:
         return None
     per = 1 + bool(va.rest)
+    args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
+    bounds = set().union(*(expr_vars(x.init) | expr_vars(x.cond) for x in acc.loops))
     taken: list[LFor] = []
     count = 1
     for f in reversed(chain):
         trips = trip_count(f)
-        if f.omp or trips is None or trips < 1 or count * trips * per > em.target.accumulators:
+        if f.omp or trips is None or trips < 1 or count * trips * per > em.target.accumulators or f.var in bounds:
+            break
+        # each element its own: the loop moves one index of the target, which no other jammed loop moves
+        own = [i for i in s.lhs if f.var in expr_vars(args[i])]
+        if len(own) != 1 or not plus_var(args[own[0]], f.var) or expr_vars(args[own[0]]) & {g.var for g in taken}:
             break
         taken.insert(0, f)
         count *= trips
@@ -401,8 +407,9 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
             if isinstance(rhs, Binop) and rhs.op == "*":
                 x, y = vexpr(em, rhs.lhs, env, s, va.row), vexpr(em, rhs.rhs, env, s, va.row)
                 if rest:  # masked loads: zeros past the rest; anything else zero there by a select
-                    w.line(f"const {v}i m = {v}_first({rest});")
                     x, y = (t.replace(f"{v}_load(", f"{v}_load_n({rest}, ") for t in (x, y))
+                    if not (x.startswith(f"{v}_load_n(") and y.startswith(f"{v}_load_n(")):
+                        w.line(f"const {v}i m = {v}_first({rest});")
                     x, y = (t if t.startswith(f"{v}_load_n(") else f"{v}_select(m, {t}, {v}_zero())" for t in (x, y))
                 w.line(f"{q} = {v}_fma({x}, {y}, {q});")
             else:
