@@ -238,59 +238,79 @@ def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
     return VectorAccum(a, s, along[0], trips, lanes, 1 if a.jam else parts)
 
 
+_IDENTITY = {"+": "_zero()", "*": "_set1(1)", "max": "_set1(-INFINITY)", "min": "_set1(INFINITY)"}
+
+
+def _vop(v: str, op: str, a: str, b: str) -> str:
+    return f"{v}_{op}({a}, {b})" if op in ("max", "min") else f"{a} {op} {b}"
+
+
+def _update(em: _Emitter, va: VectorAccum, q: str, args: tuple[LExpr, ...], off: int = 0, rest: int = 0) -> None:
+    """Accumulator ``q`` takes the sum's statement at ``args`` (its call's, or a jammed element's)
+    as a vector ``off`` past the innermost loop's index; with ``rest``, its first ``rest``
+    elements only (masked loads, and the identity in the lanes above)."""
+    w, s = em.w, va.stmt
+    v = vector_type(s.rhs.dtype)
+    identity = _IDENTITY[s.op]
+    st = em.scop.stmt(va.accum.call.stmt)
+    w.line("{")
+    with w.indent():
+        env: dict[str, str] = {}
+        for k, (name, arg) in enumerate(zip(st.indices, args)):
+            shift = f" + {off}" if off and name == va.row else ""
+            w.line(f"const long x{k} = {unparen(em._lexpr(arg))}{shift};")
+            env[name] = f"x{k}"
+
+        def value(e: TExpr, select: bool = True) -> str:
+            text = vexpr(em, e, env, s, va.row)
+            if not rest:
+                return text
+            assert f"{v}_gather(" not in text  # plan_accum's reads: along the row, or broadcast
+            masked = text.replace(f"{v}_load(", f"{v}_load_n({rest}, ")
+            if not select:
+                return masked
+            return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
+
+        rhs = s.rhs
+        if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
+            # two reads along the row load zeros past the rest: their product adds zero there
+            loads = all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
+                        for x in (rhs.lhs, rhs.rhs))
+            if rest and not loads:
+                w.line(f"const {v}i m = {v}_first({rest});")
+            w.line(f"{q} = {v}_fma({value(rhs.lhs, not loads)}, {value(rhs.rhs, not loads)}, {q});")
+        else:
+            if rest:
+                w.line(f"const {v}i m = {v}_first({rest});")
+            w.line(f"{q} = {_vop(v, s.op, q, value(rhs))};")
+    w.line("}")
+
+
+def _open(em: _Emitter, loops: tuple[LFor, ...]) -> None:
+    """``for`` lines of ``loops``, outermost first, each body indented (closed by the caller)."""
+    for o in loops:
+        em.w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
+                  f"{o.var} += {o.step}) {{")
+        em.w.push()
+
+
 def emit_accum(em: _Emitter, va: VectorAccum) -> None:
     """The accumulation into the local ``acc`` (declared and stored by the caller)."""
     w, n, s = em.w, va.accum.loops[-1], va.stmt
     assert isinstance(n.init, LInt)
     v = vector_type(s.rhs.dtype)
     lo, end, lanes, step = n.init.value, n.init.value + va.trips, va.lanes, va.parts * va.lanes
-    identity = {"+": "_zero()", "*": "_set1(1)", "max": "_set1(-INFINITY)", "min": "_set1(INFINITY)"}[s.op]
+    identity = _IDENTITY[s.op]
 
     def vop(a: str, b: str) -> str:
-        return f"{v}_{s.op}({a}, {b})" if s.op in ("max", "min") else f"{a} {s.op} {b}"
+        return _vop(v, s.op, a, b)
 
     def update(q: str, off: int, rest: int = 0) -> None:
-        """``q`` takes the vector at ``off`` past the loop's index; with ``rest``, its first ``rest``
-        elements only (masked loads, and the identity in the lanes above)."""
-        st = em.scop.stmt(va.accum.call.stmt)
-        w.line("{")
-        with w.indent():
-            env: dict[str, str] = {}
-            for k, (name, arg) in enumerate(zip(st.indices, va.accum.call.args)):
-                shift = f" + {off}" if off and name == va.row else ""
-                w.line(f"const long x{k} = {unparen(em._lexpr(arg))}{shift};")
-                env[name] = f"x{k}"
-
-            def value(e: TExpr, select: bool = True) -> str:
-                text = vexpr(em, e, env, s, va.row)
-                if not rest:
-                    return text
-                assert f"{v}_gather(" not in text  # plan_accum's reads: along the row, or broadcast
-                masked = text.replace(f"{v}_load(", f"{v}_load_n({rest}, ")
-                if not select:
-                    return masked
-                return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
-
-            rhs = s.rhs
-            if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
-                # two reads along the row load zeros past the rest: their product adds zero there
-                loads = all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
-                            for x in (rhs.lhs, rhs.rhs))
-                if rest and not loads:
-                    w.line(f"const {v}i m = {v}_first({rest});")
-                w.line(f"{q} = {v}_fma({value(rhs.lhs, not loads)}, {value(rhs.rhs, not loads)}, {q});")
-            else:
-                if rest:
-                    w.line(f"const {v}i m = {v}_first({rest});")
-                w.line(f"{q} = {vop(q, value(rhs))};")
-        w.line("}")
+        _update(em, va, q, va.accum.call.args, off, rest)
 
     names = [f"q{j}" for j in range(va.parts)] + ["qt"] * bool(va.rest)
     w.line(f"{v} " + ", ".join(f"{q} = {v}{identity}" for q in names) + ";")  # before the outer loops
-    for o in va.accum.loops[:-1]:
-        w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
-               f"{o.var} += {o.step}) {{")
-        w.push()
+    _open(em, va.accum.loops[:-1])
     w.line(f"long {n.var} = {lo};")
     w.line(f"for (; {n.var} + {step} <= {end}; {n.var} += {step}) {{")
     with w.indent():
@@ -397,33 +417,9 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
     w.line(f"{v} " + ", ".join(f"{q} = {v}_zero()" for q in names) + ";")
 
     def update(q: str, values: dict[str, int], rest: int = 0) -> None:
-        w.line("{")
-        with w.indent():
-            env: dict[str, str] = {}
-            for k, (name, arg) in enumerate(zip(st.indices, a.call.args)):
-                w.line(f"const long x{k} = {unparen(em._lexpr(_subst(arg, values)))};")
-                env[name] = f"x{k}"
-            rhs = s.rhs
-            if isinstance(rhs, Binop) and rhs.op == "*":
-                x, y = vexpr(em, rhs.lhs, env, s, va.row), vexpr(em, rhs.rhs, env, s, va.row)
-                if rest:  # masked loads: zeros past the rest; anything else zero there by a select
-                    x, y = (t.replace(f"{v}_load(", f"{v}_load_n({rest}, ") for t in (x, y))
-                    if not (x.startswith(f"{v}_load_n(") and y.startswith(f"{v}_load_n(")):
-                        w.line(f"const {v}i m = {v}_first({rest});")
-                    x, y = (t if t.startswith(f"{v}_load_n(") else f"{v}_select(m, {t}, {v}_zero())" for t in (x, y))
-                w.line(f"{q} = {v}_fma({x}, {y}, {q});")
-            else:
-                t = vexpr(em, rhs, env, s, va.row)
-                if rest:
-                    w.line(f"const {v}i m = {v}_first({rest});")
-                    t = f"{v}_select(m, {t.replace(f'{v}_load(', f'{v}_load_n({rest}, ')}, {v}_zero())"
-                w.line(f"{q} = {q} + {t};")
-        w.line("}")
+        _update(em, va, q, tuple(_subst(x, values) for x in a.call.args), 0, rest)
 
-    for o in a.loops[:-1]:
-        w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
-               f"{o.var} += {o.step}) {{")
-        w.push()
+    _open(em, a.loops[:-1])
     w.line(f"long {n.var} = {lo};")
     w.line(f"for (; {n.var} + {lanes} <= {end}; {n.var} += {lanes}) {{")
     with w.indent():

@@ -1181,14 +1181,6 @@ def test_default_fusion_keeps_the_outermost_loops_parallel():
             assert_close(g, w, terms=terms, scale=np.abs(w).max(), dtype="float32")
 
 
-SOFTMAX = """def softmax(float(N,D) X) -> (Y) {
-    mx(n) max=! X(n,r_d)
-    e(n,d) = exp(X(n,d) - mx(n))
-    s(n) +=! e(n,r_d)
-    Y(n,d) = e(n,d) / s(n)
-}"""
-
-
 @pytest.mark.cpu
 def test_reductions_get_loops_of_their_own_beside_pointwise_statements():
     """Softmax's derived backward fuses its row reductions (d_s, d_mx, the ties of the max) with
@@ -1201,7 +1193,7 @@ def test_reductions_get_loops_of_their_own_beside_pointwise_statements():
     X, dY = rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((N, D)).astype(np.float32)
     mx = X.max(1)
     s = np.exp(X - mx[:, None]).sum(1).astype(np.float32)
-    b = tc.define(tc.define(SOFTMAX).backward_source())
+    b = tc.define(tc.define(next(c.source for c in DEFS if c.name == "softmax")).backward_source())
     ir = b.lowered(X, mx, s, dY).passes[-1][1]
     loops = [n for n in walk(ir.body) if isinstance(n, LFor) and any(isinstance(c, LCall) for c in n.body)]
     assert loops and all(n.parallel or sum(isinstance(c, LCall) for c in n.body) == 1 for n in loops), str(ir)
