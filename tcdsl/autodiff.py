@@ -444,7 +444,7 @@ class _Deriver:
         if st is None:
             name = self.fresh(f"d_{t}")
             self.state[t] = ("work", name)
-            op = "+=!"
+            op = "=" if not ri.free else "+=!"  # nothing left to sum: each point takes one contribution
         else:
             name = st[1] if st[0] == "work" else self._work_copy(t, st[1])
             op = "+="
@@ -526,6 +526,7 @@ class _Deriver:
                 lhs[p] = v
                 pivots[v] = Sym.var(v, "index")
         raw: list[tuple[str, object, object]] = []
+        exact: set[str] = set()  # solved as a remainder: inside its range by construction
         for p, sub in enumerate(subs):
             if lhs[p] is not None:
                 continue
@@ -541,6 +542,18 @@ class _Deriver:
             if not cands:
                 raw.append(("eq", ysym, sub2))
                 continue
+            window = _window(sub2, cands, rng)
+            if window is not None:  # a stride over a window no wider than it: both indices solve
+                v, c, u, lo, width = window
+                num = ysym - (sub2 - Sym.var(v, "index") * c - Sym.var(u, "index"))
+                vsol = floordiv(num - lo, c)
+                usol = num - vsol * c
+                if width < c:
+                    raw.append(("lt", mod(num - lo, c), width))
+                pivots = {q: e.subs({v: vsol, u: usol}) for q, e in pivots.items()}
+                pivots[v], pivots[u] = vsol, usol
+                exact.add(u)
+                continue
             others = [x for q, x in enumerate(subs) if q != p and isinstance(x, Sym)]
             v, c = min(cands, key=lambda vc: (not self._implied(k, s, vc[0]), abs(vc[1]) != 1,
                                               sum(vc[0] in o.indices() for o in others), vc[0] not in s.lhs))
@@ -554,6 +567,8 @@ class _Deriver:
             pivots = {u: e.subs({v: sol}) for u, e in pivots.items()}
             pivots[v] = sol
         for v in pivots:
+            if v in exact:
+                continue
             lo_ok, hi_ok = self._implied_sides(k, s, v, (subs, target.dims))
             if not (lo_ok and hi_ok):
                 lo, hi = rng[v]
@@ -568,6 +583,9 @@ class _Deriver:
             elif kind == "div":
                 assert isinstance(a, Sym) and isinstance(b, int)
                 guards.append(cmp("==", IndexExpr(idx, mod(a.subs(pivots), b)), const(idx, 0)))
+            elif kind == "lt":
+                assert isinstance(a, Sym) and isinstance(b, int)
+                guards.append(cmp("<", IndexExpr(idx, a), const(idx, b)))
             else:
                 assert isinstance(a, Sym) and isinstance(b, tuple)
                 e = a.subs(pivots)
@@ -705,6 +723,25 @@ def _plain_var(sub: object) -> str | None:
         atom, c = sub.terms[0]
         if c == 1 and isinstance(atom, Var) and atom.kind == "index":
             return atom.name
+    return None
+
+
+def _window(sub: Sym, cands: list[tuple[str, int]], rng: Mapping[str, tuple[Sym, Sym]]
+            ) -> tuple[str, int, str, Sym, int] | None:
+    """``(v, c, u, lo, width)`` when ``sub`` is ``c*v + u + ...`` with a stride ``c > 1`` and an
+    index ``u`` whose range ``lo:lo + width`` is no wider than ``c`` (a pooling window, a
+    non-overlapping patch): each value of ``sub`` then comes from at most one ``(v, u)``, so both
+    solve (``v = (y - lo) / c``, ``u`` the remainder) and no sum over ``u`` is left."""
+    for u, cu in cands:
+        if cu != 1:
+            continue
+        lo, hi = rng[u]
+        width = hi - lo
+        if not width.is_const() or width.const < 1:
+            continue
+        for v, c in cands:
+            if v != u and c >= max(2, width.const):
+                return v, c, u, lo, width.const
     return None
 
 

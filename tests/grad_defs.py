@@ -81,6 +81,17 @@ CASES: list[GradCase] = [
              "    O(n, c, h, w) max=! I(n, c, h + 2*kh, w + 2*kw) where kh in 0:3, kw in 0:3\n"
              "}",
              ((1, 2, 5, 6),)),
+    GradCase("overlapping_pool",  # a window wider than its stride: a divisibility test per point
+             "def pool3s2(double(N, C, H, W) I) -> (O) {\n"
+             "    O(n, c, h, w) max=! I(n, c, 2*h + kh, 2*w + kw) where kh in 0:3, kw in 0:3\n"
+             "}",
+             ((1, 2, 7, 6),)),
+    GradCase("gapped_pool",  # a window narrower than its stride: the points between windows get 0
+             "def pool2s3(double(N, C, H, W) I) -> (O) {\n"
+             "    O(n, c, h, w) +=! I(n, c, 3*h + kh + 1, 3*w + kw) * I(n, c, 3*h + kh + 1, 3*w + kw) "
+             "where kh in 0:2, kw in 0:2\n"
+             "}",
+             ((1, 2, 8, 7),)),
     GradCase("avgpool",
              "def avgpool(double(N, C, H, W) I) -> (O) {\n"
              "    O(n, c, h, w) +=! I(n, c, h + kh, w + kw) / 9.0 where kh in 0:3, kw in 0:3\n"

@@ -123,11 +123,25 @@ def test_conv_input_gradient_inverts_the_access() -> None:
     assert "?" not in line and "Wt(f, c, x2 - 2*h, x3 - 2*w)" in line  # 2*h + kh solved for kh
 
 
-def test_pool_with_given_window_uses_a_divisibility_test() -> None:
-    src = tc.define(_case("maxpool").source).backward_source()
-    line = next(x for x in src.splitlines() if x.strip().startswith("d_I("))
-    assert "(x2 - kh) % 2" in line and "kh in 0:2" in line
-    assert "O_ties(n, c, h, w) +=!" in src  # ties share the gradient
+def _grad_line(case: str, tensor: str = "d_I") -> str:
+    src = tc.define(_case(case).source).backward_source()
+    return next(x for x in src.splitlines() if x.strip().startswith(f"{tensor}("))
+
+
+def test_pool_windows_no_wider_than_the_stride_solve_for_window_and_position() -> None:
+    """Each input element lies in at most one window: ``2*h + kh`` solves for both ``h`` and
+    ``kh``, so the gradient is one assignment per element, with no sum over the window."""
+    line = _grad_line("maxpool")
+    assert line.strip().startswith("d_I(n, c, x2, x3) = ") and "kh" not in line and "%" not in line
+    assert "O(n, c, x2 / 2, x3 / 2)" in line and "I(n, c, x2, x3)" in line
+    assert "O_ties(n, c, h, w) +=!" in tc.define(_case("maxpool").source).backward_source()  # ties share it
+    gapped = _grad_line("gapped_pool")  # 3*h + kh + 1, kh in 0:2: every third row gets 0
+    assert "((x2 - 1) % 3) < 2" in gapped and "kh" not in gapped and " = " in gapped
+
+
+def test_overlapping_windows_use_a_divisibility_test() -> None:
+    line = _grad_line("overlapping_pool")
+    assert "(x2 - kh) % 2" in line and "kh in 0:3" in line and "+=!" in line
 
 
 def test_recomputation_and_saved_temporaries() -> None:
