@@ -777,9 +777,17 @@ class _Emitter(Facts):
                f"{print_stmt(s.source)}")
         with w.indent():
             env: dict[str, str] = {}
+            scatter = s.scatter if st.kind == "update" else None
             for k, (name, arg) in enumerate(zip(st.indices, n.args)):
-                w.line(f"const {self.ITYPE} x{k} = {_top(self._lexpr(arg))};")
                 env[name] = f"x{k}"
+                if scatter is None or name != scatter[0]:
+                    w.line(f"const {self.ITYPE} x{k} = {_top(self._lexpr(arg))};")
+            if scatter is not None:  # the index the data names; the equality holds nowhere outside its range
+                x = env[scatter[0]]
+                w.line(f"const {self.ITYPE} {x} = (long){self._expr(scatter[1], env, s)};")
+                lo, hi = next((lo, hi) for i, lo, hi in self.scop.bound_statement(st.name).ranges if i == scatter[0])
+                w.line(f"if ({x} >= {lo}L && {x} < {hi}L) {{")
+                w.push()
             target = acc or self.scalars.get(s.tensor) or \
                 self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             ctype = CTYPE[self.tensors[s.tensor].dtype]
@@ -806,6 +814,9 @@ class _Emitter(Facts):
                         w.line(f"{nan_flag} |= (v != v);")
                 else:
                     w.line(f"{target} = tc_{s.op}({target}, {rhs});")
+            if scatter is not None:
+                w.pop()
+                w.line("}")
         w.line("}")
 
     def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],

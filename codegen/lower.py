@@ -4,6 +4,7 @@
 ``vector``, ``unroll`` and ``collapse`` fields of loops), so ``str(ir)`` after each pass shows it,
 and the C emitter (codegen.c) only prints what the IR says.
 
+    scatter     indices that a scatter computes from data, as ``data(...)`` of the loops they move with
     contract    temporaries that live in one scalar, or in the row one iteration uses
     share       temporaries whose lifetimes do not overlap share one buffer
     transpose   copy nests that read along one loop and write along the other move in blocks
@@ -43,6 +44,7 @@ from tcdsl.polyhedral.loopir import (
     LMark,
     LNode,
     LoopIR,
+    LOp,
     LPack,
     LReset,
     LTile,
@@ -55,6 +57,7 @@ from tcdsl.polyhedral.loopir import (
     trip_count,
     walk,
 )
+from tcdsl.polyhedral.scatter import value_indices
 from tcdsl.polyhedral.scop import Scop
 
 from . import contract, memshare, regtile, transpose, vecloop, vectile
@@ -105,6 +108,32 @@ def rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
         else:
             out.append(n)
     return tuple(out)
+
+
+# ---- scatter ----
+def scatter_indices(ir: LoopIR, f: Facts) -> LoopIR:
+    """The index a scatter computes from data (polyhedral.scatter) becomes ``data(...)`` of the
+    loop values of the indices its value reads: later passes see its target move with those loops
+    (no local or register tile holds it across them), and only the plain statement prints it."""
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LCall):
+            return None
+        st = f.scop.stmt(n.stmt)
+        s = f.scop.tc_statement(n.stmt)
+        if s.scatter is None or st.kind != "update":
+            return None
+        args = dict(zip(st.indices, n.args))
+        data = LOp("data", tuple(args[i] for i in value_indices(s)))
+        return replace(n, args=tuple(data if i == s.scatter[0] else a for i, a in zip(st.indices, n.args)))
+
+    return replace(ir, body=rewrite(ir.body, visit))
+
+
+def has_data(call: LCall) -> bool:
+    """Whether a statement call computes an index from data (a scatter): only the plain statement
+    prints it."""
+    return any(isinstance(a, LOp) and a.op == "data" for a in call.args)
 
 
 # ---- contract ----
@@ -665,6 +694,7 @@ def _collapsible(n: LFor) -> bool:
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (
+    ("scatter", scatter_indices),
     ("contract", contract_temporaries),
     ("share", share_buffers),
     ("transpose", blocked_transposes),

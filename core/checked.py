@@ -186,6 +186,8 @@ class Statement:
     ranges: tuple[IndexRange, ...]  # lhs indices first, then reduction indices
     accesses: tuple[Access, ...]  # reads and exists: the statement runs where all are in bounds
     source: A.Stmt = field(compare=False, repr=False)
+    # a scatter (polyhedral.scatter): left-hand index whose value the expression computes from data
+    scatter: tuple[str, TExpr] | None = None
 
     @property
     def indices(self) -> tuple[str, ...]:

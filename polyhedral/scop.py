@@ -147,11 +147,18 @@ def _build(inst: Instance, least: int = 1) -> Scop:
             for d, sub in enumerate(acc.subs):
                 if sub is not None and acc.kind != "cond":
                     guards.append(f"0 <= {sym(sub, idx)} < {sym(shapes[acc.tensor][d], idx)}")
+        written = f"{target}[{lhs_tup}]"
+        if s.scatter is not None:  # one point of the scattered index, writing anywhere in its dim
+            x = s.scatter[0]
+            box.append(f"{idx[x]} = {bound(s.range(x).lo, idx)}")
+            d = s.lhs.index(x)
+            dims = [idx[i] if i != x else "g" for i in s.lhs]
+            written = f"{target}[{', '.join(dims)}] : 0 <= g < {sym(shapes[s.tensor][d], idx)}"
         cons = " and ".join(box + guards) or "true"
         domains.append(f"{name}[{tup}] : {cons}")
-        writes.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
+        writes.append(f"{name}[{tup}] -> {written}")
         if s.op != "=":
-            reads.append(f"{name}[{tup}] -> {target}[{lhs_tup}]")
+            reads.append(f"{name}[{tup}] -> {written}")
         for acc in s.accesses:
             if acc.kind not in ("read", "cond"):
                 continue

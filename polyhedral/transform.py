@@ -131,8 +131,11 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
         return band
     band = _unreverse(band, deps)
     infos = [member_info(band, i, scop) for i in range(n)]
-    p = plan(infos, [bool(band.band_member_get_coincident(i)) for i in range(n)], options, target,
-             _itemsize(band, scop), boundary)
+    coincident = [bool(band.band_member_get_coincident(i)) for i in range(n)]
+    if _scatters(band, scop):
+        p = scatter_plan(infos, coincident, target, _itemsize(band, scop))
+    else:
+        p = plan(infos, coincident, options, target, _itemsize(band, scop), boundary)
     if any(s > 1 for s in p.tile):
         mv = isl.MultiVal.zero(band.band_get_space())
         ctx = band.get_ctx()
@@ -155,6 +158,39 @@ class Plan:
     tile: list[int]  # per band member (original order); 0 or 1: untiled
     order: list[int]  # the point loops, outermost first (original member numbers)
     register: list[int]  # register-tile size per point loop (in ``order``); 1: none
+
+
+def _scatters(band: isl.ScheduleNode, scop: Scop) -> bool:
+    """Whether the band schedules a scatter (polyhedral.scatter)."""
+    names: list[str] = []
+    band.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
+    return any(name.startswith("S") and scop.tc_statement(name).scatter is not None for name in names)
+
+
+def scatter_plan(infos: list[MemberInfo], coincident: list[bool], target: CpuTarget = GENERIC,
+                 itemsize: int = 4) -> Plan:
+    """A scatter's band: its non-parallel members move the element it adds into with the data, so
+    no register tile holds it across them. The parallel member walking memory is cut into chunks
+    of whole vectors, at least two per core, whose loop runs outermost (the threads' shares); the
+    loops over the data run inside it, and the chunk's points innermost, in vectors (embedding bag
+    gradient, 64 columns: one fork per call, not one per index)."""
+    n = len(infos)
+    lanes = max(1, target.vector_bytes // itemsize)
+    par = [i for i in range(n) if coincident[i]]
+    red = [i for i in range(n) if not coincident[i]]
+    if not par:
+        return Plan([0] * n, list(range(n)), [1] * n)
+    contig = max(par, key=lambda i: (round(infos[i].contiguous - infos[i].strided, 6), i))
+    chunk = max(lanes, _pow2_floor(max(1, infos[contig].extent // (2 * max(1, target.cores)))))
+    tile = [0] * n
+    if infos[contig].extent > chunk:
+        tile[contig] = chunk
+        for i in red:  # their tile loops run once, inside the chunks' loop
+            tile[i] = max(infos[i].extent, 1)
+    elif infos[contig].extent <= lanes:  # no whole vector: the member's own loop is the threads' shares
+        return Plan(tile, [contig] + [i for i in par if i != contig] + red, [1] * n)
+    order = [i for i in par if i != contig] + red + [contig]
+    return Plan(tile, order, [1] * n)
 
 
 def _itemsize(band: isl.ScheduleNode, scop: Scop) -> int:

@@ -36,6 +36,7 @@ from .polyhedral.cputarget import CpuTarget
 from .polyhedral.deps import Deps, dependences
 from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.loopir import LoopIR
+from .polyhedral.scatter import scatters
 from .polyhedral.scop import Scop, build_scop
 
 
@@ -102,7 +103,7 @@ def lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int,
 
 def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int, ...]],
            target: CpuTarget) -> Lowered:
-    scop = build_scop(inst)
+    scop = build_scop(scatters(inst))
     deps = dependences(scop)
     tree, options, why = schedule.with_default_fusion(scop, deps, options)
     final = transform.transform(tree, scop, deps, options, target)

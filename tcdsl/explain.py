@@ -16,6 +16,7 @@ import islpy as isl
 
 from .core.options import MappingOptions
 from .core.printer import stmt as print_stmt
+from .derivative import text
 from .polyhedral import schedule
 from .polyhedral.loopir import LCall, LFor, LIf, LNode, expr_vars, walk
 from .polyhedral.loopir import expr_text as lexpr
@@ -97,6 +98,11 @@ def explain(low, options: MappingOptions) -> Explanation:  # low: compiler.Lower
         what = "init of statement" if st.kind == "init" else "statement"
         out.append(f"  {st.name}[{', '.join(st.indices)}]: {what} {s.number} (line {s.span.line}): "
                    f"{print_stmt(s.source)}")
+        if s.scatter is not None and st.kind == "update":
+            x = s.scatter[0]
+            others = ", ".join(i for i in s.indices if i != x)
+            out.append(f"    a scatter: {x} = {text(s.scatter[1])}, one element per point of {others or 'the def'} "
+                       f"(a value outside {s.range(x).lo}:{s.range(x).hi} adds nothing)")
     out += ["", "ranges (inferred or given by `where`; the intersection where reads disagree):"]
     for s in c.stmts:
         shown = [f"{r.name} in {r.lo}:{r.hi} = {r.lo.eval(scop.inst.sizes)}:{r.hi.eval(scop.inst.sizes)}"
