@@ -51,6 +51,7 @@ from .grammar import is_short_form, parse, parse_statements
 from .polyhedral.cputarget import CpuTarget, preset
 from .polyhedral.gpu import SM90
 from .polyhedral.treeprint import tree_text
+from .training import TrainingTuneResult, autotune_step
 from .tuner import tune
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
@@ -292,9 +293,17 @@ class Kernel:
                  seed: int | None = None, resume: bool = False, executor: Any = None, cache: Any = None,
                  progress: bool = True, reps: int = 5, run_timeout: float = 60.0, compile_timeout: float = 300.0,
                  runner: str = "tcdsl.tuner.evaluate:time_candidate", backend: str = "c",
-                 time_on: str = "local") -> tune.TuneResult:
+                 time_on: str = "local", backward: bool = False,
+                 wrt: Sequence[str] | None = None) -> tune.TuneResult | TrainingTuneResult:
         """Search mapping options for these arguments on ``backend`` ("c", "opencl" or "cuda"),
         store the best in the tuning cache and use them for later calls; returns a ``TuneResult``.
+
+        ``backward=True`` tunes a training step instead: the def as a training forward runs it
+        (returning the values its backward reads too) and the backward def of ``wrt`` (default:
+        every float input; autograd differentiates with respect to the inputs that require
+        gradients), whose arguments are made from the forward's results. Each def gets the whole
+        ``budget``; autograd's later calls with these shapes use both. Returns a
+        ``TrainingTuneResult`` (``.forward``, ``.backward``).
 
         ``generations``, ``population``, ``crossover``, ``mutation``, ``elites``: the genetic search
         (TC's defaults); ``patience``: stop after this many generations without a better time;
@@ -305,6 +314,12 @@ class Kernel:
         timed runs per candidate; ``run_timeout``/``compile_timeout``: seconds before a candidate
         is scored invalid; ``runner``: the "module:function" that times one candidate."""
         arrays = [_c_ready(a) for a in _coerce_inputs(self.checked, args)]
+        if backward:
+            return autotune_step(self, arrays, wrt, generations=generations, population=population,
+                                 crossover=crossover, mutation=mutation, elites=elites, patience=patience,
+                                 budget=budget, seed=seed, resume=resume, executor=executor, cache=cache,
+                                 progress=progress, reps=reps, run_timeout=run_timeout,
+                                 compile_timeout=compile_timeout, runner=runner, backend=backend, time_on=time_on)
         result = tune.autotune(self, arrays, generations=generations, population=population, crossover=crossover,
                                mutation=mutation, elites=elites, patience=patience, budget=budget, seed=seed,
                                resume=resume, executor=executor, cache=cache, progress=progress, reps=reps,
@@ -587,8 +602,9 @@ class GenericKernel:
         """The options a call with these arguments uses (see ``Kernel.options_for``)."""
         return self.kernel(*args).options_for(*args, backend=backend)
 
-    def autotune(self, *args: Any, **settings: Any) -> tune.TuneResult:
-        """``Kernel.autotune`` (the same keyword parameters) on the def made for these arguments."""
+    def autotune(self, *args: Any, **settings: Any) -> tune.TuneResult | TrainingTuneResult:
+        """``Kernel.autotune`` (the same keyword parameters, ``backward=True`` too) on the def made
+        for these arguments."""
         return self.kernel(*args).autotune(*args, **settings)
 
 

@@ -125,7 +125,13 @@ def _tune(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed or 0)
     arrays = [_random_like(a, rng) for a in _arguments(kernel.checked, args.sizes)]
     result = kernel.autotune(*arrays, generations=args.generations, population=args.population,
-                             budget=args.budget or None, seed=args.seed, resume=args.resume, backend=args.backend)
+                             budget=args.budget or None, seed=args.seed, resume=args.resume, backend=args.backend,
+                             backward=args.backward)
+    if args.backward:
+        for name, r in ((result.forward_def, result.forward), (result.backward_def, result.backward)):
+            print(f"{name}: {r.explain()}")
+            print(r.options.to_json())
+        return 0
     print(result.explain())
     print(result.options.to_json())
     return 0
@@ -251,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--population", type=int, default=100, help="candidates per generation (default 100)")
     tune.add_argument("--seed", type=int, help="seed of the search's random choices (default: a fresh one)")
     tune.add_argument("--resume", action="store_true", help="continue an interrupted search")
+    tune.add_argument("--backward", action="store_true",
+                      help="tune a training step: the def as training runs it and its backward def (the "
+                           "gradients of every float input), each with the whole budget")
     tune.add_argument("--backend", choices=("c", "opencl", "cuda"), default="c",
                       help="where the kernel runs: c (default), opencl or cuda")
     tune.set_defaults(run=_tune)

@@ -73,5 +73,26 @@ class TcModule(torch.nn.Module):
         values = [given[t.name] if t.name in given else getattr(self, t.name) for t in self.kernel.checked.inputs]
         return self.kernel(*values, backend=self.backend)
 
+    def autotune(self, *example_inputs: Any, **settings: Any) -> Any:
+        """Tune a training step of the module for these inputs (``Kernel.autotune`` with
+        ``backward=True``): the gradients of its parameters, and of the inputs that require them,
+        as autograd will ask for them. The same keyword settings; returns a ``TrainingTuneResult``."""
+        if len(example_inputs) != len(self.input_names):
+            raise TcArgumentError(f"{self.kernel.name} module takes {len(self.input_names)} inputs "
+                                  f"({', '.join(self.input_names)}), got {len(example_inputs)}")
+        given = dict(zip(self.input_names, example_inputs))
+        values, wrt = [], []
+        for t in self.kernel.checked.inputs:
+            v = given[t.name] if t.name in given else getattr(self, t.name)
+            if isinstance(v, torch.Tensor):
+                if v.requires_grad:
+                    wrt.append(t.name)
+                v = v.detach()
+            values.append(v)
+        if not wrt:
+            raise TcArgumentError(f"{self.kernel.name} module: neither its parameters nor these inputs require "
+                                  "gradients, so a training step has no backward to tune")
+        return self.kernel.autotune(*values, backward=True, wrt=wrt, **settings)
+
     def extra_repr(self) -> str:
         return f"{self.kernel.name}({', '.join(t.name for t in self.kernel.checked.inputs)})"
