@@ -38,6 +38,19 @@ def cpu() -> str:
     return os.environ.get("TCDSL_CPU", "native")
 
 
+# os.environ's own mapping of encoded names to encoded values (CPython, POSIX): read directly, a
+# lookup costs a twentieth of os.environ.get's, which encodes the name and decodes the value
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def call_env() -> tuple[object, ...]:
+    """What a call's CPU target and C compiler are read from (TCDSL_CPU, CC), as raw values to
+    compare with a previous call's (a repeated call checks them before it reuses its kernel)."""
+    if isinstance(_ENV_DATA, dict):
+        return _ENV_DATA.get(b"TCDSL_CPU"), _ENV_DATA.get(b"CC")
+    return os.environ.get("TCDSL_CPU"), os.environ.get("CC")
+
+
 def cache_dir() -> Path:
     """TCDSL_CACHE_DIR: where compiled kernels live (default ``$XDG_CACHE_HOME/tcdsl`` or ``~/.cache/tcdsl``).
     tcdsl creates it 0700; one that is group- or world-writable, owned by another user or not

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import re
 import shutil
 import sys
@@ -144,7 +143,7 @@ class Kernel:
         self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
         self._compiled: dict[tuple, CKernel] = {}
         self._by_layout: dict[tuple, CKernel] = {}  # (argument shapes, dtypes and byte strides, options, target)
-        self._hot: dict[tuple, tuple[CKernel, MappingOptions, tuple[str | None, ...]]] = {}  # see _hot_kernel
+        self._hot: dict[tuple, tuple[CKernel, MappingOptions, str | None, tuple[object, ...]]] = {}  # see _hot_kernel
         self._gpu: dict[tuple, Any] = {}  # GPU programs per (sizes, backend, options)
         self._tuned: dict[tuple, tuple[MappingOptions, str] | None] = {}  # per argument layout: tuned options, and when
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
@@ -428,10 +427,13 @@ class Kernel:
         """The C kernel a plain call (no ``out``, ``backend`` or ``options``) on numpy arrays with
         these shapes, dtypes and strides ran last, when nothing it was chosen by has changed since:
         the kernel's options and backend, the tuning done in this process, ``$TCDSL_CPU`` and ``$CC``."""
-        if not all(type(a) is np.ndarray for a in args):
-            return None
-        hit = self._hot.get(_layout_key(args))
-        if hit is None or hit[1] is not self.options or hit[2] != (self.backend, *_call_env()):
+        key = []
+        for a in args:
+            if type(a) is not np.ndarray:
+                return None
+            key.append((a.shape, a.dtype.str, a.strides))
+        hit = self._hot.get(tuple(key))
+        if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != _call_env():
             return None
         return hit[0]
 
@@ -489,7 +491,7 @@ class Kernel:
             results = ck(inputs, initial=initial)
             if out is None and backend is None and options is None and all(a is x for a, x in zip(arrays, args)):
                 with self._lock:  # the next such call goes straight to the kernel (_hot_kernel)
-                    self._hot[_layout_key(arrays)] = (ck, self.options, (self.backend, *_call_env()))
+                    self._hot[_layout_key(arrays)] = (ck, self.options, self.backend, _call_env())
         else:
             results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)}, initial)
         values = [results[t.name] for t in self.checked.outputs]
@@ -762,9 +764,9 @@ def _layout_key(arrays: Sequence[np.ndarray]) -> tuple:
     return tuple((a.shape, a.dtype.str, a.strides) for a in arrays)
 
 
-def _call_env() -> tuple[str, ...]:
+def _call_env() -> tuple[object, ...]:
     """What a call's backend and CPU target are read from in the environment."""
-    return knobs.cpu(), os.environ.get("CC", "")
+    return knobs.call_env()
 
 
 def _c_ready(a: np.ndarray) -> np.ndarray:

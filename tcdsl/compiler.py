@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,8 +150,12 @@ class CKernel:
         position = {n: k for k, n in enumerate(low.source.params)}
         # run()'s plan: where each input goes among the C parameters, and how the rest are made
         self._inputs = [(position.get(t.name), bool(math.prod(self.inst.shapes[t.name]))) for t in c.inputs]
-        self._fresh = [(position.get(t.name), self.inst.shapes[t.name], t.dtype, t.name not in self.unwritten_ok)
-                       for t in c.outputs]
+        self._fresh = [(position.get(t.name), self.inst.shapes[t.name], np.dtype(t.dtype),
+                        t.name not in self.unwritten_ok) for t in c.outputs]
+        # (output's position among the C parameters, how to make it), for calls with no ``outputs``
+        self._makers = [(at, _maker(shape, dtype, zero)) for at, shape, dtype, zero in self._fresh]
+        self._nonempty = all(n for _, n in self._inputs) and all(math.prod(sh) for _, sh, _, _ in self._fresh)
+        self._params = len(low.source.params)
         self._temps = [(position[t.name], buffers.get(t.name, 0), t.dtype, t.name not in self.unwritten_ok)
                        for t in c.temps if t.name in position]
 
@@ -190,11 +195,17 @@ class CKernel:
         """Run on ``inputs`` (in the def's order, C-ready); results go to ``outputs`` where given
         (C-contiguous, in the def's order), else to fresh arrays; returns the output arrays. A
         repeated call's fast path: its plan is made once, in ``__init__``."""
-        passed: list[Any] = [None] * len(self.low.source.params)  # every parameter is a tensor of the def
+        if outputs is None and self._nonempty and not self._temps:
+            return self._run_plain(inputs)
+        addresses = [0] * (self._params + 1)  # every parameter is a tensor of the def, then the error record
+        held = []  # what the addresses point into, alive until the call returns
         # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
         for (at, nonempty), a in zip(self._inputs, inputs):
             if at is not None:
-                passed[at] = a if nonempty else np.zeros(1, a.dtype)
+                if not nonempty:
+                    a = np.zeros(1, a.dtype)
+                    held.append(a)
+                addresses[at] = _address(a)
         made = []
         for k, (at, shape, dtype, zero) in enumerate(self._fresh):
             o = outputs[k] if outputs is not None else None
@@ -202,13 +213,41 @@ class CKernel:
                 o = _output(shape, dtype, zero)
             made.append(o)
             if at is not None:
-                passed[at] = o if o.size else np.zeros(1, dtype)
+                if not o.size:
+                    o = np.zeros(1, dtype)
+                    held.append(o)
+                addresses[at] = _address(o)
         # owners get a buffer for their group (the kernel zeroes what sharers need)
-        for at, size, dtype, zero in self._temps:
-            passed[at] = (np.zeros if zero or not size else np.empty)(max(size, 1), dtype=dtype)
+        for at, size, temp_type, zero in self._temps:
+            t = (np.zeros if zero or not size else np.empty)(max(size, 1), dtype=temp_type)
+            held.append(t)
+            addresses[at] = _address(t)
         err = np.zeros(2, dtype=np.int64)
-        code = self.fn(*(_address(a) for a in passed), _address(err))
+        addresses[-1] = _address(err)
+        code = self.fn(*addresses)
         if code:
+            raise self._error(int(err[0]), int(err[1]))
+        return made
+
+    def _run_plain(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``run`` with fresh outputs, no empty tensor and no temporary buffer: the repeated call's
+        path, a few microseconds of Python."""
+        addresses = [0] * (self._params + 1)
+        for (at, _), a in zip(self._inputs, inputs):
+            if at is not None:
+                try:
+                    addresses[at] = _addressof(_char_at(a))
+                except (TypeError, ValueError, BufferError):  # read-only, or not contiguous
+                    addresses[at] = a.ctypes.data
+        made = []
+        for at, make in self._makers:
+            o = make()
+            made.append(o)
+            if at is not None:
+                addresses[at] = _address(o)
+        err = np.zeros(2, dtype=np.int64)
+        addresses[-1] = _addressof(_char_at(err))
+        if self.fn(*addresses):
             raise self._error(int(err[0]), int(err[1]))
         return made
 
@@ -217,18 +256,38 @@ class CKernel:
 
 
 ALIGN = 64  # bytes: a cache line, and AVX-512's vector (streamed stores need their vector's alignment)
+ALIGN_FROM = 64 * 1024  # bytes: smaller outputs take numpy's own alignment (16 bytes), which costs no slicing
 
 
-def _output(shape: tuple[int, ...], dtype: str, zero: bool) -> np.ndarray:
-    """A fresh output array aligned to ALIGN bytes (numpy's large arrays are 16-byte aligned)."""
-    n = math.prod(shape) * np.dtype(dtype).itemsize
+def _output(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> np.ndarray:
+    """A fresh output array; from ALIGN_FROM bytes, aligned to ALIGN bytes (numpy's arrays are
+    16-byte aligned; a streamed store to an unaligned vector falls back to a plain one)."""
+    n = math.prod(shape) * dtype.itemsize
+    if n < ALIGN_FROM:
+        return (np.zeros if zero else np.empty)(shape, dtype=dtype)
     raw = (np.zeros if zero else np.empty)(n + ALIGN, dtype=np.uint8)
     at = -_address(raw) % ALIGN
     return raw[at:at + n].view(dtype).reshape(shape)
 
 
+def _maker(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> Callable[[], np.ndarray]:
+    """A maker of fresh output arrays: numpy's own below ALIGN_FROM bytes, else ``_output``'s."""
+    if math.prod(shape) * dtype.itemsize < ALIGN_FROM:
+        return functools.partial(np.zeros if zero else np.empty, shape, dtype)
+    return functools.partial(_output, shape, dtype, zero)
+
+
+_char_at: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
 def _address(a: np.ndarray) -> int:
-    return a.ctypes.data  # type: ignore[no-any-return]
+    """The address of ``a``'s first element: through the buffer protocol where ``a`` is writable
+    and contiguous (a fifth of the time ``a.ctypes.data`` takes), else through numpy."""
+    try:
+        return _addressof(_char_at(a))
+    except (TypeError, ValueError, BufferError):  # read-only, or not contiguous
+        return a.ctypes.data  # type: ignore[no-any-return]
 
 
 def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int, value: int) -> TcRuntimeError:

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,9 @@ def _wrt(kernel: Any, needs: list[bool]) -> list[str]:
     return [t.name for t, need in zip(kernel.checked.inputs, needs) if need and T.is_float(t.dtype)]
 
 
+_KEPT: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[bool]]] = {}  # (key, needs) -> what _setup keeps
+
+
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     """Keep for the backward only the tensors its def reads (also under double backward)."""
     key, args = inputs
@@ -207,13 +211,16 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.n_args = len(args)
     ctx.out_meta = [(o.shape, o.dtype) for o in output]
     ctx.set_materialize_grads(False)  # saved values get a gradient only under double backward
-    wrt = _wrt(e.owner, ctx.needs)
-    keep: set[str] = set()
-    for owner in dict.fromkeys([e.owner, e.kernel]) if wrt else ():
-        keep |= {p.name if p.role == "saved" else p.of for p in backward_of(owner, wrt).params if p.role != "grad"}
-    names = [t.name for t in e.owner.checked.inputs] + [n for n, _ in e.outputs]
-    ctx.kept = [n for n in names if n in keep]
-    ctx.save_for_backward(*[t for n, t in zip(names, [*args, *output]) if n in keep])
+    plan = _KEPT.get((key, tuple(ctx.needs)))
+    if plan is None:
+        wrt = _wrt(e.owner, ctx.needs)
+        keep: set[str] = set()
+        for owner in dict.fromkeys([e.owner, e.kernel]) if wrt else ():
+            keep |= {p.name if p.role == "saved" else p.of for p in backward_of(owner, wrt).params if p.role != "grad"}
+        names = [t.name for t in e.owner.checked.inputs] + [n for n, _ in e.outputs]
+        plan = _KEPT[(key, tuple(ctx.needs))] = ([n for n in names if n in keep], [n in keep for n in names])
+    ctx.kept = plan[0]
+    ctx.save_for_backward(*[t for t, kept in zip([*args, *output], plan[1]) if kept])
 
 
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
@@ -237,7 +244,10 @@ def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[to
             bargs.append(torch.zeros(shape, dtype=dtype) if g is None else g.contiguous())
         else:
             bargs.append(values[p.name if p.role == "saved" else p.of])
-    got = _backward(bkey, bargs)
+    # a first backward of plain tensors runs the backward def directly; under double backward
+    # (grad mode on) or tracing, through its op, which is differentiable in turn
+    direct = not torch.is_grad_enabled() and _eager(bargs)
+    got = _run(_REGISTRY[bkey], bargs) if direct else _backward(bkey, bargs)
     for w, g in zip(bw.grads, got):
         i = names.index(w)
         if ctx.needs[i]:
@@ -282,6 +292,10 @@ def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
     if any(a.is_cuda for a in args):
         return _run_cuda(e, args)
     arrays = [a.detach().numpy() for a in args]
+    if e.backend is None and e.options is None:  # the kernel's repeated-call path; its fresh arrays become tensors
+        res = e.kernel(*arrays)
+        return [torch.from_numpy(r) if r.flags.writeable else torch.tensor(r)
+                for r in (res if isinstance(res, tuple) else (res,))]
     shapes = _output_shapes(e, args)
     outs = [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
     views = [o.numpy() for o in outs]
@@ -330,6 +344,10 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
 def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | None = None, options: Any = None) -> Any:
     """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad
     (CUDA tensors run on the CUDA backend, forward and backward defs alike)."""
+    if out is None and backend is None and options is None:
+        fast = _repeated(kernel, args)
+        if fast is not None:
+            return fast
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     grads = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
     if cuda and (out is not None or not grads):
@@ -348,8 +366,66 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
                       "(the def in float64) on float64 tensors instead", TcWarning, stacklevel=_outside_tcdsl())
     key = _forward_key(kernel, backend, options, train)
     n = len(kernel.checked.outputs)
-    res = _forward(key, tensors)[:n]
+    if not _eager(tensors):
+        res = _forward(key, tensors)[:n]
+    elif train:
+        res = list(_EagerStep.apply(key, *tensors)[:n])
+    else:
+        res = _run(_entry(key), tensors)[:n]
     return res[0] if n == 1 else tuple(res)
+
+
+def _repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
+    """``call``'s result for plain CPU tensors of the def's dtypes in eager mode, with no checks
+    left to make (None otherwise): a repeated call's path, a few microseconds of Python besides
+    the kernel's own."""
+    if torch.compiler.is_compiling():
+        return None
+    dtypes = kernel.__dict__.get("_torch_dtypes")
+    if dtypes is None:
+        dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
+    if len(args) != len(dtypes) or kernel.checked.accumulates:
+        return None
+    train = False
+    for a, want in zip(args, dtypes):
+        if type(a) not in _PLAIN or a.dtype != want or not a.is_cpu:
+            return None
+        train = train or a.requires_grad
+    train = train and torch.is_grad_enabled()
+    if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(list(args)) and _under_gradcheck():
+        return None  # the slow path warns
+    if _functorch_wrapped(args):
+        return None
+    key = _forward_key(kernel, None, None, train)
+    n = len(kernel.checked.outputs)
+    res = _EagerStep.apply(key, *args) if train else _run(_entry(key), list(args))
+    return res[0] if n == 1 else tuple(res[:n])
+
+
+def _eager(tensors: Sequence[Any]) -> bool:
+    """Plain CPU tensors outside any tracing (no ``torch.compile``, export, fake or functorch
+    tensor): the op's dispatch, some tens of microseconds a call, is skipped, and autograd gets the
+    same forward and backward through ``_EagerStep``."""
+    return (all(type(a) in _PLAIN and a.is_cpu for a in tensors) and not torch.compiler.is_compiling()
+            and not _functorch_wrapped(tuple(tensors)))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _EagerStep(torch.autograd.Function):
+    """The forward op and its autograd (``_setup``, ``_autograd``) as a plain autograd function,
+    for eager calls."""
+
+    @staticmethod
+    def forward(ctx: Any, key: str, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        outs = _run(_entry(key), list(args))
+        _setup(ctx, (key, list(args)), outs)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        return (None, *_autograd(ctx, list(grads))[1])
 
 
 def _narrow_gradients(tensors: list[torch.Tensor]) -> str:
