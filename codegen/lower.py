@@ -625,8 +625,10 @@ def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
                       or not expr_vars(moved[0]) <= outer):
             return None
     body = shared[-1][0].body + shared[-1][1].body
-    for x, _ in reversed(shared):
-        body = (replace(x, body=body),)
+    # a piece too small for threads of its own (astgen.SERIAL_BELOW) takes the other's parallel loop
+    second = not any(x.omp for x, _ in shared) and any(y.omp for _, y in shared)
+    for x, y in reversed(shared):
+        body = (replace(x, body=body, omp=(y if second else x).omp, collapse=(y if second else x).collapse),)
     node: LNode = body[0]
     for p in reversed(pa[0] + pb[0]):
         node = replace(p, body=(node,))

@@ -7,6 +7,7 @@ used in golden tests and by ``kernel.source``-style introspection.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,28 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
         elif isinstance(n, LIf):
             yield from walk(n.then)
             yield from walk(n.other)
+
+
+def work(nodes: tuple[LNode, ...]) -> float:
+    """Statement instances a body runs, through the constant bounds of its loops (inf where a
+    loop has none)."""
+    total = 0.0
+    for n in nodes:
+        if isinstance(n, LCall):
+            total += 1
+        elif isinstance(n, LFor):
+            trips = trip_bound(n)
+            inner = work(n.body)
+            total += math.inf if trips is None and inner else (trips or 0) * inner
+        elif isinstance(n, LIf):
+            total += work(n.then) + work(n.other)
+        elif isinstance(n, (LAccum, LTile)):
+            total += work((n.loop,))
+        elif isinstance(n, LTranspose):
+            total += work((n.outer,))
+        elif isinstance(n, (LPack, LCopy, LMark)):
+            total += work(n.body)
+    return total
 
 
 def trip_count(f: LFor) -> int | None:

@@ -840,7 +840,7 @@ def _body_lines(text: str) -> list[str]:
 @pytest.mark.cpu
 def test_matmul_outer_loop_is_omp_parallel_and_inner_loop_simd():
     k = tc.define(MATMUL)
-    A, B = f32((33, 13)), f32((13, 7), 1)
+    A, B = f32((330, 13)), f32((13, 170), 1)  # work enough for the threads (astgen.SERIAL_BELOW)
     ck = k.compiled(A, B)
     body = _body_lines(ck.low.source.text)
     first_for = next(i for i, line in enumerate(body) if line.startswith("for ("))
@@ -939,7 +939,7 @@ def test_full_reduction_into_rank0_is_not_parallel(n: int):
 @pytest.mark.cpu
 def test_row_reduction_parallel_over_rows_only():
     k = tc.define("def rows(float(M, N) A) -> (S) { S(i) +=! A(i, r_j) }")
-    A = f32((64, 33))
+    A = f32((1100, 33))
     ck = k.compiled(A)
     loops = [x for x in walk(ck.low.ir.body) if isinstance(x, LFor)]
     assert any(x.omp for x in loops)
@@ -1200,3 +1200,34 @@ def test_reductions_get_loops_of_their_own_beside_pointwise_statements():
     Y = np.exp(X.astype(np.float64) - mx[:, None]) / s[:, None]
     want = Y * (dY - (dY * Y).sum(1)[:, None])
     assert_close(b(X, mx, s, dY), want, terms=D, scale=np.abs(dY * Y).sum(1)[:, None] + np.abs(dY * Y), dtype="float32")
+
+
+@pytest.mark.cpu
+def test_nests_with_little_work_run_on_the_calling_thread():
+    """A parallel nest of fewer than astgen.SERIAL_BELOW statement instances is no OpenMP region
+    (starting the threads costs more than its work); a larger one is."""
+    from tcdsl.polyhedral.astgen import SERIAL_BELOW
+
+    k = tc.define(MATMUL)
+    small = f32((8, 8)), f32((8, 8), 1)
+    assert "#pragma omp parallel" not in k.source(*small)
+    assert not any(n.omp for n in walk(k.lowered(*small).ir.body) if isinstance(n, LFor))
+    assert_sum_close(k(*small), np.matmul, *small, terms=8)
+    large = f32((64, 32)), f32((32, 64), 1)  # 131072 instances of the product
+    assert 64 * 32 * 64 >= SERIAL_BELOW > 8 * 8 * 8
+    assert "#pragma omp parallel" in k.source(*large)
+    assert_sum_close(k(*large), np.matmul, *large, terms=32)
+
+
+@pytest.mark.cpu
+def test_read_only_strided_and_zero_dim_arguments():
+    """The call's fast path takes element addresses through the buffer protocol; read-only,
+    strided and zero-dimensional arrays take numpy's."""
+    k = tc.define("def axpy(float(N) X, float a) -> (Y) { Y(i) = a * X(i) + 1.0 }")
+    x = f32((40,))
+    ro = x.copy()
+    ro.flags.writeable = False
+    a = np.array(3.0, np.float32)
+    for arg in (x, ro, x[::3], x[::-1]):
+        for _ in range(2):  # the first call and the repeated call's path
+            np.testing.assert_array_equal(k(arg, a), 3.0 * arg + 1.0)

@@ -287,8 +287,8 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     min exact, with rows of whole vectors or not (203: the last elements in a masked vector); a NaN in
     the vector part or in the last elements reaches the row's sum, max and min."""
     rng = np.random.default_rng(7)
-    X = (rng.random((6, D)) - 0.5).astype(dtype)
-    Y = (1 + (rng.random((6, D)) - 0.5) * 0.01).astype(dtype)
+    X = (rng.random((200, D)) - 0.5).astype(dtype)  # rows enough for the threads (astgen.SERIAL_BELOW)
+    Y = (1 + (rng.random((200, D)) - 0.5) * 0.01).astype(dtype)
     X[2, 5] = X[4, D - 1] = np.nan
     k = tc.define(ROWS.replace("float(", f"{dtype}("))
     lanes = target.lanes(dtype)
