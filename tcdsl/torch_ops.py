@@ -291,11 +291,12 @@ def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, 
 def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
     if any(a.is_cuda for a in args):
         return _run_cuda(e, args)
-    arrays = [a.detach().numpy() for a in args]
+    arrays = [a.detach().numpy() if a.requires_grad else a.numpy() for a in args]
     if e.backend is None and e.options is None:  # the kernel's repeated-call path; its fresh arrays become tensors
-        res = e.kernel(*arrays)
+        hot = e.kernel._hot_kernel(arrays)
+        res = hot.run(arrays) if hot is not None else e.kernel(*arrays)
         return [torch.from_numpy(r) if r.flags.writeable else torch.tensor(r)
-                for r in (res if isinstance(res, tuple) else (res,))]
+                for r in (res if isinstance(res, (tuple, list)) else (res,))]
     shapes = _output_shapes(e, args)
     outs = [torch.empty(shapes[n], dtype=torch_dtype(t)) for n, t in e.outputs]
     views = [o.numpy() for o in outs]
@@ -394,8 +395,8 @@ def _repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     train = train and torch.is_grad_enabled()
     if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(list(args)) and _under_gradcheck():
         return None  # the slow path warns
-    if _functorch_wrapped(args):
-        return None
+    if torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args):
+        return None  # (no functorch transform running: no wrapped tensor to look for)
     key = _forward_key(kernel, None, None, train)
     n = len(kernel.checked.outputs)
     res = _EagerStep.apply(key, *args) if train else _run(_entry(key), list(args))
