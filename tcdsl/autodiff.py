@@ -12,7 +12,7 @@ from typing import Any
 from .core import ast as A
 from .core import dtypes as T
 from .core.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
-from .core.checked import Binop, CheckedDef, Read, Select, Statement, Tensor, TExpr, convert, reads
+from .core.checked import Binop, Call, CheckedDef, Convert, Read, Select, Statement, Tensor, TExpr, Unop, convert, reads
 from .core.errors import TcGradientError
 from .core.printer import definition, stmt
 from .core.sema import BUILTINS, check_module
@@ -315,12 +315,15 @@ class _Deriver:
         here = self._value_read(V, k, lhs_subs)
         if s.op in ("min", "max") and (keys or (prev is not None and not s.init)):
             share = self._share(k, s, f, here, prev)
+        value = self._own_value(k, s, f, here)
         for key in keys:
             if key == self_key:
                 continue
             d = diff(f, key)
             if d is None:
                 continue
+            if value is not None:  # exp(u)' = exp(u), tanh(u)' = 1 - tanh(u)^2: the value the statement wrote
+                d = _substitute(d, value, here)
             contrib: TExpr | None
             if s.op in ("min", "max"):
                 assert share is not None
@@ -336,6 +339,20 @@ class _Deriver:
             del self.state[V]  # nothing before the first write
             return
         self._transition(k, s, f, g, here, share, self_key)
+
+    def _own_value(self, k: int, s: Statement, f: TExpr, here: Read) -> TExpr | None:
+        """The right side of ``=`` statement ``k`` where the backward has the value it wrote at no
+        cost: an output's final value (a param), a saved value, or one the backward already reads.
+        Derivatives that contain that right side (exp, tanh, sigmoid, sqrt...) read the value
+        instead of computing it again."""
+        if s.op != "=" or not isinstance(f, Call) or f.dtype != here.dtype or s.tensor in _reads_of(f):
+            return None
+        V = s.tensor
+        final = k == self.writes[V][-1]
+        output = final and V in {t.name for t in self.c.outputs}
+        if output or self._keeps(V, k) or (V, k) in self.needed:
+            return f
+        return None
 
     def _keys(self, f: TExpr, k: int) -> list[Key]:
         out: list[Key] = []
@@ -724,6 +741,26 @@ def _plain_var(sub: object) -> str | None:
         if c == 1 and isinstance(atom, Var) and atom.kind == "index":
             return atom.name
     return None
+
+
+def _reads_of(e: TExpr) -> set[str]:
+    return {r.tensor for r in reads(e)}
+
+
+def _substitute(e: TExpr, old: TExpr, new: TExpr) -> TExpr:
+    """``e`` with each subexpression equal to ``old`` replaced by ``new``."""
+    if e == old:
+        return new
+    if isinstance(e, Binop):
+        return replace(e, lhs=_substitute(e.lhs, old, new), rhs=_substitute(e.rhs, old, new))
+    if isinstance(e, (Unop, Convert)):
+        return replace(e, arg=_substitute(e.arg, old, new))
+    if isinstance(e, Select):
+        return replace(e, cond=_substitute(e.cond, old, new), then=_substitute(e.then, old, new),
+                       other=_substitute(e.other, old, new))
+    if isinstance(e, Call):
+        return replace(e, args=tuple(_substitute(a, old, new) for a in e.args))
+    return e
 
 
 def _window(sub: Sym, cands: list[tuple[str, int]], rng: Mapping[str, tuple[Sym, Sym]]

@@ -252,3 +252,17 @@ def test_every_def_of_the_corpus_derives_or_names_its_product_reduction() -> Non
         shapes = {t.name: np.shape(x) for t, x in zip(c.inputs, xs)}
         assert [np.shape(g) for g in got] == [shapes[w] for w in bw.grads], case.name
     assert refused == ["reduce_rows", "reduce_all", "reduce_after_init", "conv1d_padded_sum_prod_max"]
+
+
+def test_derivatives_read_the_value_a_statement_wrote_where_it_is_at_hand() -> None:
+    """exp(u)' = exp(u), tanh(u)' = 1 - tanh(u)^2: the backward reads the value the statement wrote
+    when the backward has it anyway (an output, a value other gradients read), and computes the
+    builtin again otherwise rather than keeping a temporary only for it."""
+    act = tc.define("def act(float(N) A, float(N) B) -> (Y) { Y(i) = tanh(A(i) * B(i)) }").backward_source()
+    lines = [x for x in act.splitlines() if x.strip().startswith("d_")]  # (the comments quote the forward)
+    assert not any("tanh" in x for x in lines) and all("(1.0 - (Y(i) * Y(i)))" in x for x in lines)
+    soft = tc.define(_case("softmax").source).backward_source()
+    body = [x for x in soft.splitlines() if not x.strip().startswith("#")]
+    assert sum(x.count("exp(") for x in body) == 1 and "(d_e(n, d) * e(n, d))" in soft  # e once, then read
+    inline = tc.define("def act2(float(N) A) -> (Y) {\n  T(i) = exp(A(i))\n  Y(i) = T(i) * 2.0\n}").backward_source()
+    assert "  T(i) =" not in inline and "(d_T(i) * exp(A(i)))" in inline
