@@ -27,7 +27,10 @@ STREAM_MIN_BYTES = 16 << 20  # targets at least this large bypass the caches (th
 # written with non-temporal stores in whole cache lines: a normal store first reads the line it
 # writes, so a copy moves three bytes for every two it needs (elsewhere they are stored normally).
 HELPER = r"""
-typedef uint32_t tc_u32x8 __attribute__((vector_size(32), aligned(4)));
+/* the elements are moved as 32-bit words of any type: may_alias keeps GCC's type-based alias analysis
+   from assuming a float the caller reads is not written here */
+typedef uint32_t tc_u32 __attribute__((may_alias));
+typedef uint32_t tc_u32x8 __attribute__((vector_size(32), aligned(4), may_alias));
 typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
 #if defined(__clang__)
 #define TC_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
@@ -35,7 +38,7 @@ typedef int32_t tc_i32x8 __attribute__((vector_size(32)));
 #define TC_SHUF(a, b, ...) __builtin_shuffle(a, b, (tc_i32x8){__VA_ARGS__})
 #endif
 /* v[r][c] = a[c * sa + r] for r, c in 0..7 (32-bit elements) */
-static inline void tc_transpose8v(const uint32_t *restrict p, long sa, tc_u32x8 v[8]) {
+static inline void tc_transpose8v(const tc_u32 *restrict p, long sa, tc_u32x8 v[8]) {
   tc_u32x8 r0 = *(const tc_u32x8 *)(p), r1 = *(const tc_u32x8 *)(p + sa);
   tc_u32x8 r2 = *(const tc_u32x8 *)(p + 2 * sa), r3 = *(const tc_u32x8 *)(p + 3 * sa);
   tc_u32x8 r4 = *(const tc_u32x8 *)(p + 4 * sa), r5 = *(const tc_u32x8 *)(p + 5 * sa);
@@ -58,7 +61,7 @@ static inline void tc_transpose8v(const uint32_t *restrict p, long sa, tc_u32x8 
   v[7] = TC_SHUF(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 /* o[r * so + c] = a[c * sa + r] for r, c in 0..7 */
-static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+static inline void tc_transpose8x(const tc_u32 *restrict p, long sa, tc_u32 *restrict q, long so) {
   tc_u32x8 v[8];
   tc_transpose8v(p, sa, v);
   for (int k = 0; k < 8; k++)
@@ -71,7 +74,7 @@ static inline void tc_transpose8x(const uint32_t *restrict p, long sa, uint32_t 
 #include <immintrin.h>
 #define TC_HAVE_NT 1
 /* o[r * so + c] = a[c * sa + r] for r in 0..7, c in 0..15, o's rows 64-byte aligned */
-static inline void tc_transpose16x8_nt(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+static inline void tc_transpose16x8_nt(const tc_u32 *restrict p, long sa, tc_u32 *restrict q, long so) {
   tc_u32x8 lo[8], hi[8];
   tc_transpose8v(p, sa, lo);
   tc_transpose8v(p + 8 * sa, sa, hi);
@@ -88,14 +91,14 @@ static inline void tc_transpose16x8_nt(const uint32_t *restrict p, long sa, uint
 #define TC_NT_FENCE() _mm_sfence()
 #else
 #define TC_HAVE_NT 0
-static inline void tc_transpose16x8_nt(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so) {
+static inline void tc_transpose16x8_nt(const tc_u32 *restrict p, long sa, tc_u32 *restrict q, long so) {
   tc_transpose8x(p, sa, q, so);
   tc_transpose8x(p + 8 * sa, sa, q + 8, so);
 }
 #define TC_NT_FENCE() ((void)0)
 #endif
 /* o[r * so + c] = a[c * sa + r] for r in 0..7, c in 0..n-1 (n >= 0), normal stores */
-static inline void tc_transpose_rows8(const uint32_t *restrict p, long sa, uint32_t *restrict q, long so, long n) {
+static inline void tc_transpose_rows8(const tc_u32 *restrict p, long sa, tc_u32 *restrict q, long so, long n) {
   long c = 0;
   for (; c + 8 <= n; c += 8)
     tc_transpose8x(p + c * sa, sa, q + c, so);
@@ -109,8 +112,8 @@ static inline void tc_transpose_rows8(const uint32_t *restrict p, long sa, uint3
    the rows of o share one alignment) those lines are written around the caches. */
 static __attribute__((noinline)) void tc_transpose_rect(const void *restrict a, long sa, void *restrict o,
                                                         long so, long n0, long n1, int nt) {
-  const uint32_t *p = (const uint32_t *)a;
-  uint32_t *q = (uint32_t *)o;
+  const tc_u32 *p = (const tc_u32 *)a;
+  tc_u32 *q = (tc_u32 *)o;
   long c = 0;
   const int stream = TC_HAVE_NT && nt && so % 16 == 0 && ((uintptr_t)q & 3) == 0;
   if (stream) {  /* the columns before the first line boundary of o's rows */

@@ -1231,3 +1231,18 @@ def test_read_only_strided_and_zero_dim_arguments():
     for arg in (x, ro, x[::3], x[::-1]):
         for _ in range(2):  # the first call and the repeated call's path
             np.testing.assert_array_equal(k(arg, a), 3.0 * arg + 1.0)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("shapes,options", [(((3, 4), (5, 4)), None), (((40, 24), (36, 24)), MappingOptions(openmp=False))])
+def test_operands_transposed_in_blocks_and_read_in_the_same_kernel(shapes, options):
+    """A product with its operands laid out for the contraction (tcdsl.layout): the blocked transpose
+    (tc_transpose_rect, 32-bit words) writes a buffer the product then reads as floats, outside any
+    parallel region too, where GCC's type-based alias analysis once moved the reads before the copy."""
+    k = tc.define("def nt(float(M,K) A, float(N,K) B) -> (C) {\n  AB(m, n) +=! A(m, r_k) * B(n, r_k)\n"
+                  "  C(m, n) = 2.0 * AB(m, n)\n}")
+    A, B = f32(shapes[0]), f32(shapes[1], 1)
+    src = k.source(A, B, options=options)
+    assert "tc_transpose_rect(" in src and "#pragma omp parallel" not in src.split("int tc_kernel")[1]
+    for _ in range(2):
+        assert_sum_close(k(A, B, options=options), lambda a, b: 2.0 * a @ b.T, A, B, terms=shapes[0][1])
