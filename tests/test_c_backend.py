@@ -1234,7 +1234,8 @@ def test_read_only_strided_and_zero_dim_arguments():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("shapes,options", [(((3, 4), (5, 4)), None), (((40, 24), (36, 24)), MappingOptions(openmp=False))])
+@pytest.mark.parametrize("shapes,options", [(((3, 4), (5, 4)), None),
+                                            (((40, 24), (36, 24)), MappingOptions(openmp=False))])
 def test_operands_transposed_in_blocks_and_read_in_the_same_kernel(shapes, options):
     """A product with its operands laid out for the contraction (tcdsl.layout): the blocked transpose
     (tc_transpose_rect, 32-bit words) writes a buffer the product then reads as floats, outside any
