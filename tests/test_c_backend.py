@@ -1151,6 +1151,32 @@ NORM_GRAD = """def norm_grad(float(N,D) X, float(D) G, float(N) mean, float(N) r
 
 
 @pytest.mark.cpu
+def test_default_fusion_keeps_statements_over_ranges_of_different_sizes_apart():
+    """A pooling backward: 'max' fuses the 23-wide share of each window's gradient with the 46-wide
+    input gradient, so each iteration tests which statement runs. The default takes 'preserve' and
+    says why; both give numpy's gradient of a 2x2 max pool. A softmax (statements over equal ranges)
+    keeps 'max'."""
+    pool = "def pool(float(N,C,H,W) I) -> (O) {\n  O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) " \
+           "where r_kh in 0:2, r_kw in 0:2\n}"
+    bw = tc.define(tc.define(pool).backward_source())
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 10, 14)).astype(np.float32)
+    windows = x.reshape(2, 3, 5, 2, 7, 2)
+    o = windows.max(axis=(3, 5))
+    d_o = rng.standard_normal(o.shape).astype(np.float32)
+    low = bw.lowered(x, o, d_o)
+    assert low.options.fusion == "preserve" and "ranges of different sizes" in low.fusion_why, low.fusion_why
+    assert schedule.mixed_ranges(bw.lowered(x, o, d_o, options=MappingOptions(fusion="max")).tree, low.scop)
+    hit = windows == o[:, :, :, None, :, None]
+    want = (hit * (d_o / hit.sum(axis=(3, 5)))[:, :, :, None, :, None]).reshape(x.shape)
+    for opts in (None, MappingOptions(fusion="max")):
+        np.testing.assert_allclose(bw(x, o, d_o, options=opts), want, rtol=1e-6)
+    soft = tc.define("def softmax(float(N,D) X) -> (Y) {\n  mx(n) max=! X(n,r_d)\n  e(n,d) = exp(X(n,d) - mx(n))\n"
+                     "  s(n) +=! e(n,r_d)\n  Y(n,d) = e(n,d) / s(n)\n}")
+    assert soft.lowered(np.ones((64, 200), np.float32)).options.fusion == "max"
+
+
+@pytest.mark.cpu
 def test_default_fusion_keeps_the_outermost_loops_parallel():
     """A def whose statements run their loops in different orders (column sums over n beside row
     sums over d, as a norm's backward; no plain product of two reads, so the def's default is 'max'):
