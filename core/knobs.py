@@ -92,6 +92,14 @@ def pch() -> bool:
     return os.environ.get("TCDSL_PCH", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def keep_heap() -> bool:
+    """TCDSL_KEEP_HEAP: on glibc, before the first C kernel runs, let freed memory stay in the heap
+    for reuse (``mallopt``: blocks under 32 MiB from the heap, trimmed back to the system past
+    128 MiB free) unless the process set ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_``
+    itself; ``0`` leaves glibc's defaults."""
+    return os.environ.get("TCDSL_KEEP_HEAP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def force_recompile() -> bool:
     """TCDSL_FORCE_RECOMPILE: ignore the on-disk cache of compiled kernels."""
     return _flag("TCDSL_FORCE_RECOMPILE")

@@ -1273,3 +1273,38 @@ def test_operands_transposed_in_blocks_and_read_in_the_same_kernel(shapes, optio
     assert "tc_transpose_rect(" in src and "#pragma omp parallel" not in src.split("int tc_kernel")[1]
     for _ in range(2):
         assert_sum_close(k(A, B, options=options), lambda a, b: 2.0 * a @ b.T, A, B, terms=shapes[0][1])
+
+
+_HEAP_PROBE = """
+import resource, sys, numpy as np, tcdsl as tc
+k = tc.define("def one(float(N) A) -> (B) { B(i) = A(i) + 1.0 }")
+k(np.ones(4, np.float32))  # the first C kernel: glibc's heap thresholds are set here
+def step():  # a step's four 8 MiB blocks, made, written and freed together
+    blocks = [np.empty(1 << 21, np.float32) for _ in range(4)]
+    for b in blocks:
+        b.fill(1.0)
+step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_freed_blocks_of_megabytes_are_reused_without_faults():
+    """Once a C kernel runs, glibc keeps freed blocks under 32 MiB in the heap: four 8 MiB buffers
+    made and freed together again and again fault no more (TCDSL_KEEP_HEAP=0 keeps glibc's
+    defaults, which trim the 32 MiB freed back to the system each time: fresh pages, thousands of
+    faults a step)."""
+    def faults(keep: str) -> float:
+        env = {**os.environ, "TCDSL_KEEP_HEAP": keep}
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)
+        env.pop("MALLOC_TRIM_THRESHOLD_", None)
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return float(out.stdout.split()[-1])
+
+    assert faults("1") < 50
+    assert faults("0") > 500
