@@ -183,14 +183,12 @@ def scatter_plan(infos: list[MemberInfo], coincident: list[bool], target: CpuTar
     contig = max(par, key=lambda i: (round(infos[i].contiguous - infos[i].strided, 6), i))
     chunk = max(lanes, _pow2_floor(max(1, infos[contig].extent // (2 * max(1, target.cores)))))
     tile = [0] * n
-    if infos[contig].extent > chunk:
-        tile[contig] = chunk
-        for i in red:  # their tile loops run once, inside the chunks' loop
-            tile[i] = max(infos[i].extent, 1)
-    elif infos[contig].extent <= lanes:  # no whole vector: the member's own loop is the threads' shares
+    if infos[contig].extent <= chunk:  # at most one vector: the member's own loop is the threads' shares
         return Plan(tile, [contig] + [i for i in par if i != contig] + red, [1] * n)
-    order = [i for i in par if i != contig] + red + [contig]
-    return Plan(tile, order, [1] * n)
+    tile[contig] = chunk
+    for i in red:  # their tile loops run once, inside the chunks' loop
+        tile[i] = max(infos[i].extent, 1)
+    return Plan(tile, [i for i in par if i != contig] + red + [contig], [1] * n)
 
 
 def _itemsize(band: isl.ScheduleNode, scop: Scop) -> int:

@@ -345,7 +345,9 @@ class _Deriver:
         cost: an output's final value (a param), a saved value, or one the backward already reads.
         Derivatives that contain that right side (exp, tanh, sigmoid, sqrt...) read the value
         instead of computing it again."""
-        if s.op != "=" or not isinstance(f, Call) or f.dtype != here.dtype or s.tensor in _reads_of(f):
+        if s.op != "=" or not isinstance(f, Call) or f.dtype != here.dtype:
+            return None
+        if any(r.tensor == s.tensor for r in reads(f)):
             return None
         V = s.tensor
         final = k == self.writes[V][-1]
@@ -741,10 +743,6 @@ def _plain_var(sub: object) -> str | None:
         if c == 1 and isinstance(atom, Var) and atom.kind == "index":
             return atom.name
     return None
-
-
-def _reads_of(e: TExpr) -> set[str]:
-    return {r.tensor for r in reads(e)}
 
 
 def _substitute(e: TExpr, old: TExpr, new: TExpr) -> TExpr:

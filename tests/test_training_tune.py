@@ -22,18 +22,13 @@ from tcdsl.torch_ops import _entry  # noqa: E402
 from tcdsl.training import TrainingTuneResult, backward_arguments, training_kernels  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from grad_defs import CASES  # noqa: E402
 from tolerance import assert_close  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 
-LAYERNORM = """
-def layernorm(float(N, D) X, float(D) G, float(D) Bt) -> (Y) {
-    mean(n) +=! X(n, d) / D
-    xc(n, d) = X(n, d) - mean(n)
-    var(n) +=! xc(n, d) * xc(n, d) / D
-    Y(n, d) = xc(n, d) * rsqrt(var(n) + 1e-5) * G(d) + Bt(d)
-}
-"""
+# the gradient corpus's layernorm (tests/grad_defs.py), in float32 as torch's layer runs it
+LAYERNORM = next(c for c in CASES if c.name == "layernorm").source.replace("double(", "float(")
 FAST = dict(generations=1, population=3, elites=1, seed=1, progress=False, runner="test_tuner_decision:truly_faster")
 
 
