@@ -100,7 +100,10 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     return VectorLoop(n, tuple(calls), trips, lanes, overlap, stream, ahead)
 
 
-STREAM_SHARE = 2  # stream outputs when the kernel's inputs and outputs take at least 1/2 of the last-level cache
+# stream outputs when the kernel's inputs and outputs take at least the whole last-level cache: below
+# that, the output stays in the cache for the next kernel (softmax backward 2000x1000 after its
+# forward, 24 MB in a 32 MB L3: 0.77 ms streamed, 0.55 ms stored plainly, torch 0.59 ms)
+STREAM_SHARE = 1
 PREFETCH_BYTES = 1024  # how far ahead of a vector loop its reads along the loop are fetched (0: none)
 
 

@@ -16,9 +16,11 @@ from .core.checked import Binop, Call, CheckedDef, Convert, Read, Select, Statem
 from .core.errors import TcGradientError
 from .core.printer import definition, stmt
 from .core.sema import BUILTINS, check_module
-from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite, text
+from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite
 from .derivative import unconditional_reads as uncond
+from .gradlines import Line, tidy
 from .grammar import parse
+from .shift import invariant_shifts
 
 Version = tuple[str, "int | None"]  # (tensor, statement after which the value holds); None: an input
 
@@ -125,8 +127,9 @@ class _Deriver:
                 self.vnames[(s.tensor, k)] = self.fresh(f"{s.tensor}_{k + 1}")
         self.save, self.exact = self._save_set(save)
         self.active = self._active()
+        self.inert = invariant_shifts(c, self.active)  # shifts no output sees: their gradient is zero
         self.value_of: dict[str, Version] = {}  # backward name -> forward value version
-        self.lines: list[str] = []
+        self.lines: list[Line | str] = []
         self.state: dict[str, tuple[str, str]] = {}  # tensor -> ("param" | "work", gradient name)
         self.params: list[Param] = []
         self.param_names: dict[tuple[str, str], str] = {}
@@ -212,7 +215,7 @@ class _Deriver:
                 if len(self.lines) > start:
                     self.lines.insert(start, f"# gradients through statement {s.number} (line {s.span.line}): "
                                              f"{_one_line(s)}")
-        outs = []
+        outs, out_names = [], set()
         for w in self.wrt:
             t = self.tensors[w]
             st = self.state.get(w)
@@ -222,6 +225,7 @@ class _Deriver:
                 self._emit(name, idx, "=", const(t.dtype, 0), [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
                 st = ("work", name)
             outs.append(f"{t.dtype}({', '.join(str(d) for d in t.dims)}) {st[1]}" if t.dims else f"{t.dtype} {st[1]}")
+            out_names.add(st[1])
         grad_lines = self.lines
         self.lines = []
         self._recompute()
@@ -236,7 +240,9 @@ class _Deriver:
             inputs.append(f"{t.dtype}({', '.join(dims)}) {p.name}" if dims else f"{t.dtype} {p.name}")
             params.append(p)
         name = self.fresh(f"{c.name}_grad")
-        body = [f"  {line}" for line in self.lines + grad_lines]
+        inert = [f"# {t}: every output is unchanged when it shifts, so no gradient flows through it"
+                 for t in sorted(self.inert)]
+        body = [f"  {line}" for line in inert + tidy(self.lines + grad_lines, out_names)]
         source = "\n".join([f"def {name}({', '.join(inputs)}) -> ({', '.join(outs)}) {{", *body, "}"]) + "\n"
         saved = tuple(p.name for p in params if p.role == "saved")
         return Backward(c.name, name, source, tuple(params), tuple(self.wrt), saved, self._forward_with(saved))
@@ -266,6 +272,9 @@ class _Deriver:
         return "\n".join([head, *(f"  {x}" for x in lines), "}"]) + "\n"
 
     def _statement_text(self, k: int, lhs: str, holder: Callable[[str, int | None], str]) -> str:
+        return str(self._statement_line(k, lhs, holder))
+
+    def _statement_line(self, k: int, lhs: str, holder: Callable[[str, int | None], str]) -> Line:
         """Statement ``k`` writing ``lhs``, each tensor ``t`` it reads named ``holder(t, version)``,
         every range explicit."""
         s = self.stmts[k]
@@ -279,8 +288,7 @@ class _Deriver:
                 where.append("exists " + read_text(tensor_of(a.tensor), a.subs))
         op = s.op if s.op == "=" else f"{s.op}=" + ("!" if s.init else "")
         rhs = rewrite(s.rhs, read=lambda r: replace(r, tensor=tensor_of(r.tensor)))
-        text_ = f"{lhs}({', '.join(s.lhs)})" if s.lhs else lhs
-        return f"{text_} {op} {text(rhs)} where {', '.join(where)}" if where else f"{text_} {op} {text(rhs)}"
+        return Line(lhs, tuple(s.lhs), op, rhs, tuple(where))
 
     def _param(self, role: str, of: str, base: str) -> str:
         key = (role, base)
@@ -360,7 +368,7 @@ class _Deriver:
         out: list[Key] = []
         for r in reads(f):
             t, _ = self.value_of[r.tensor]
-            if t in self.active and T.is_float(r.dtype) and key_of(r) not in out:
+            if t in self.active and t not in self.inert and T.is_float(r.dtype) and key_of(r) not in out:
                 out.append(key_of(r))
         return out
 
@@ -526,11 +534,7 @@ class _Deriver:
                 n = w[len("exists "):].split("(")[0]
                 if n in self.value_of:
                     self.needed.add(self.value_of[n])
-        lhs = f"{name}({', '.join(idx)})" if idx else name
-        line = f"{lhs} {op} {text(value)}"
-        if where:
-            line += " where " + ", ".join(where)
-        self.lines.append(line)
+        self.lines.append(Line(name, tuple(idx), op, value, tuple(where)))
 
     # ---- re-indexing ----
     def _reindex(self, k: int, s: Statement, subs: tuple, target: Tensor) -> _Reindex:
@@ -673,6 +677,7 @@ class _Deriver:
         copies: set[int] = set()
         seen: set[Version] = set()
         outputs = {t.name for t in self.c.outputs}
+        inverted: dict[int, TExpr] = {}
 
         def need(v: Version) -> None:
             t, k = v
@@ -687,6 +692,12 @@ class _Deriver:
                 return
             s = self.stmts[k]
             todo.add(k)
+            back = self._from_output(k)
+            if back is not None:
+                inverted[k] = back
+                for r in reads(back):
+                    need(self.value_of[r.tensor])
+                return
             for r in reads(s.rhs):
                 need((r.tensor, self.before[k].get(r.tensor)))
             for a in s.accesses:
@@ -708,7 +719,45 @@ class _Deriver:
                 idx = [self.fresh(f"i{p}") for p in range(len(t.dims))]
                 self._emit(name, idx, "=", Read(t.dtype, prev, tuple(Sym.var(i, "index") for i in idx)),
                            [f"{i} in 0:{d}" for i, d in zip(idx, t.dims)])
-            self.lines.append(self._statement_text(k, name, self.vname))
+            if k in inverted:
+                self._emit(name, list(s.lhs), "=", inverted[k], [str(r) for r in s.ranges])
+            else:
+                self.lines.append(self._statement_line(k, name, self.vname))
+
+    def _from_output(self, k: int) -> TExpr | None:
+        """Temporary ``t``'s value (statement ``k``, calling a builtin such as ``exp``) as one product
+        of values the backward has anyway, where an output is ``O(l) = t(l) / u``: ``t = O * u``.
+        Softmax's ``e = exp(X - mx)`` comes back as ``Y * s``, with no exp and no read of ``X``.
+        Both statements write every point of their tensors; ``u`` reads inputs, outputs and saved
+        values only."""
+        s = self.stmts[k]
+        if k != self.writes[s.tensor][-1] or s.op != "=" or s.reductions or not _calls(s.rhs) or not self._covers(s):
+            return None
+        outputs = {t.name for t in self.c.outputs}
+        for j in range(k + 1, len(self.stmts)):
+            o = self.stmts[j]
+            e = o.rhs
+            if o.tensor not in outputs or j != self.writes[o.tensor][-1] or o.op != "=" or o.reductions \
+                    or not (isinstance(e, Binop) and e.op == "/" and isinstance(e.lhs, Read)) \
+                    or e.lhs.tensor != s.tensor or self.before[j].get(s.tensor) != k or not self._covers(o):
+                continue
+            plain = [_plain_var(x) for x in e.lhs.subs]
+            names = [v for v in plain if v is not None]
+            if len(names) != len(plain) or sorted(names) != sorted(o.lhs) or any(
+                    not (_same(o.range(v).lo, r.lo) and _same(o.range(v).hi, r.hi)) for v, r in zip(names, s.ranges)):
+                continue
+            env = {v: Sym.var(i, "index") for v, i in zip(names, s.lhs)}
+            u = rewrite(self.renamed(e.rhs, j), index=env)
+            if any(not self._free(self.value_of[r.tensor]) for r in reads(u)) or _calls(u):
+                continue
+            out = self._value_read(o.tensor, j, tuple(env[v] for v in o.lhs))
+            return Binop(s.rhs.dtype, "*", out, u)
+        return None
+
+    def _free(self, v: Version) -> bool:
+        """Whether the backward has value ``v`` without computing it: an input, an output, or saved."""
+        t, k = v
+        return k is None or (k == self.writes[t][-1] and t in {o.name for o in self.c.outputs}) or self._keeps(t, k)
 
     def _overwrites(self, s: Statement) -> bool:
         if s.init:
@@ -722,6 +771,17 @@ def _copy_text(dst: str, src: str, t: Tensor, fresh: Callable[[str], str]) -> st
         return f"{dst} = {src}"
     return f"{dst}({', '.join(idx)}) = {src}({', '.join(idx)}) where " + \
         ", ".join(f"{i} in 0:{d}" for i, d in zip(idx, t.dims))
+
+
+def _calls(e: TExpr) -> bool:
+    """Whether ``e`` calls a builtin."""
+    if isinstance(e, Call):
+        return True
+    if isinstance(e, Read):
+        return any(_calls(x) for x in e.subs if isinstance(x, TExpr))
+    return any(_calls(x) for x in (getattr(e, "arg", None), getattr(e, "lhs", None), getattr(e, "rhs", None),
+                                   getattr(e, "cond", None), getattr(e, "then", None), getattr(e, "other", None))
+               if isinstance(x, TExpr))
 
 
 def _one_line(s: Statement) -> str:

@@ -144,7 +144,10 @@ def _diff_binop(e: Binop, key: Key) -> TExpr | None:
     if e.op == "*":
         return add(mul(da, b), mul(a, db))
     if e.op == "/":
-        return sub(div(da, b), mul(div(a, Binop(b.dtype, "*", b, b)), db))
+        # times 1 / b and a * (1 / b^2): where b is the same along a loop (a size, softmax's sum), a
+        # multiply per point and the division once
+        one = const(b.dtype, 1)
+        return sub(mul(da, div(one, b)), mul(mul(a, div(one, Binop(b.dtype, "*", b, b))), db))
     if e.op == "%":  # fmod on floats
         return sub(da, mul(db, call("trunc", Binop(a.dtype, "/", a, b))))
     return None  # comparisons and logic

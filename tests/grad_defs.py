@@ -105,6 +105,27 @@ CASES: list[GradCase] = [
              "    Y(n, d) = e(n, d) / s(n)\n"
              "}",
              ((3, 5),)),
+    GradCase("log_softmax",  # the max shifts nothing the outputs see: no gradient flows through it
+             "def log_softmax(double(N, D) X) -> (Y) {\n"
+             "    mx(n) max=! X(n, d)\n"
+             "    s(n) +=! exp(X(n, d) - mx(n))\n"
+             "    Y(n, d) = X(n, d) - mx(n) - log(s(n))\n"
+             "}",
+             ((3, 5),)),
+    GradCase("unnormalized_exp",  # the max's shift shows in the output: its gradient flows
+             "def unnormalized(double(N, D) X) -> (Y) {\n"
+             "    mx(n) max=! X(n, d)\n"
+             "    Y(n, d) = exp(X(n, d) - mx(n)) * 2.0\n"
+             "}",
+             ((3, 5),)),
+    GradCase("column_normalized",  # each row's max shifted, the columns normalised: not invariant
+             "def colnorm(double(N, D) X) -> (Y) {\n"
+             "    mx(n) max=! X(n, d)\n"
+             "    e(n, d) = exp(X(n, d) - mx(n))\n"
+             "    t(d) +=! e(n, d)\n"
+             "    Y(n, d) = e(n, d) / t(d)\n"
+             "}",
+             ((3, 5),)),
     GradCase("layernorm",
              "def layernorm(double(N, D) X, double(D) G, double(D) Bt) -> (Y) {\n"
              "    mean(n) +=! X(n, d) / D\n"

@@ -147,10 +147,15 @@ def test_overlapping_windows_use_a_divisibility_test() -> None:
 def test_recomputation_and_saved_temporaries() -> None:
     c = _checked(_case("softmax").source)
     bw = derive(c)
-    assert bw.saved == ("mx", "s")  # written by reductions: kept; e is recomputed
-    assert "  e(n, d) = exp(X(n, d) - mx(n))" in bw.source.replace("((X(n, d) - mx(n)))", "(X(n, d) - mx(n))")
-    none = derive(c, save=())
-    assert none.saved == () and "mx(n) max=! X(n, d)" in none.source
+    # written by reductions: s is kept; mx shifts nothing the output sees (its gradient is zero and
+    # nothing reads it); e comes back from the output as Y * s, one product substituted where it is read
+    assert bw.saved == ("s",)
+    body = [x for x in bw.source.splitlines() if not x.strip().startswith("#")]
+    assert not any("exp(" in x or "mx" in x or x.strip().startswith("e(") for x in body)
+    assert [x.split("(")[0].strip() for x in body[1:-1]] == ["d_s", "d_X"]  # one reduction, then one pass
+    assert "(Y(n, d) * s(n))" in bw.source and "# mx: every output is unchanged when it shifts" in bw.source
+    none = derive(c, save=())  # nothing kept: e recomputed from X (s is not at hand), so mx too
+    assert none.saved == () and "mx(n) max=! X(n, d)" in none.source and "exp((X(n, d) - mx(n)))" in none.source
     more = derive(c, save={"e": True, "mx": False})
     assert more.saved == ("s", "e") or set(more.saved) == {"s", "e"}
     roles = {p.name: p.role for p in more.params}
@@ -164,7 +169,7 @@ def test_earlier_versions_written_by_reductions_are_saved() -> None:
     assert bw.forward_source is not None and "-> (O, O_1) {" in bw.forward_source
     assert "O_1(n, f, h, w) +=! I(n, c, h + kh, kw + w) * Wt(f, c, kh, kw)" in bw.forward_source.replace("(I(", "I(")\
         .replace("kw)) where", "kw) where")
-    assert "+=! (I(" not in bw.source and "O_2(n, f, h, w) = (O_1(n, f, h, w) + B(f))" in bw.source
+    assert "+=! (I(" not in bw.source and "((O_1(n, f, h, w) + B(f)) >= float64(0.0))" in bw.source
     again = derive(c, save=())  # nothing kept: the backward recomputes the convolution
     assert again.saved == () and again.forward_source is None and "O_1(n, f, h, w) +=! (I(n, c" in again.source
 
@@ -261,8 +266,35 @@ def test_derivatives_read_the_value_a_statement_wrote_where_it_is_at_hand() -> N
     act = tc.define("def act(float(N) A, float(N) B) -> (Y) { Y(i) = tanh(A(i) * B(i)) }").backward_source()
     lines = [x for x in act.splitlines() if x.strip().startswith("d_")]  # (the comments quote the forward)
     assert not any("tanh" in x for x in lines) and all("(1.0 - (Y(i) * Y(i)))" in x for x in lines)
-    soft = tc.define(_case("softmax").source).backward_source()
+    soft = tc.define("def sm2(float(N, D) X) -> (Y) {\n  mx(n) max=! X(n, d)\n  e(n, d) = exp(X(n, d) - mx(n))\n"
+                     "  s(n) +=! e(n, d)\n  Y(n, d) = 2.0 * e(n, d) / s(n)\n}").backward_source()
     body = [x for x in soft.splitlines() if not x.strip().startswith("#")]
-    assert sum(x.count("exp(") for x in body) == 1 and "(d_e(n, d) * e(n, d))" in soft  # e once, then read
+    assert sum(x.count("exp(") for x in body) == 1  # e once, then read
+    assert sum(x.count("* e(n, d))") for x in body if x.strip().startswith("d_X")) == 1
     inline = tc.define("def act2(float(N) A) -> (Y) {\n  T(i) = exp(A(i))\n  Y(i) = T(i) * 2.0\n}").backward_source()
-    assert "  T(i) =" not in inline and "(d_T(i) * exp(A(i)))" in inline
+    code = [x.strip() for x in inline.splitlines() if not x.strip().startswith("#")]
+    assert not any(x.startswith("T(") for x in code) and "d_A(i) = ((d_Y(i) * 2.0) * exp(A(i)))" in code[1]
+
+
+def test_shifts_no_output_sees_carry_no_gradient() -> None:
+    """A running max subtracted before exp and normalised away (softmax, log-softmax) gets no
+    gradient statements; one whose shift shows in an output keeps them (the corpus checks all three
+    against finite differences)."""
+    for name, inert in (("softmax", True), ("log_softmax", True), ("unnormalized_exp", False),
+                        ("column_normalized", False)):
+        src = tc.define(_case(name).source).backward_source()
+        assert ("mx_ties" not in src) == inert and ("# mx: every output is unchanged" in src) == inert, name
+
+
+def test_cheap_temporaries_are_substituted_only_where_read_once_per_point() -> None:
+    """A cheap recomputed temporary is substituted into readers that read each of its points once
+    (layernorm's xc: no N x D buffer); one read across another loop index (a contraction's operand)
+    stays a statement, so the contraction does not recompute it per product."""
+    ln = tc.define(_case("layernorm").source).backward_source()
+    code = [x.strip() for x in ln.splitlines() if not x.strip().startswith("#")]
+    assert not any(x.startswith("xc(") for x in code) and "(X(n, d) - mean(n))" in ln
+    assert sum(x.startswith("d_X(") for x in code) == 1  # its two contributions, one statement
+    mm = tc.define("def scaled_mm(float(M, K) A, float(K, N) B) -> (C) {\n  T(i, k) = A(i, k) * 2.0\n"
+                   "  C(i, j) +=! T(i, k) * B(k, j)\n}").backward_source()
+    code = [x.strip() for x in mm.splitlines() if not x.strip().startswith("#")]
+    assert any(x.startswith("T(i, k) = (A(i, k) * 2.0)") for x in code), mm
