@@ -54,6 +54,7 @@ from tcdsl.polyhedral.loopir import (
     trip_count,
     walk,
 )
+from tcdsl.polyhedral.scatter import ATOMIC_DTYPES
 from tcdsl.polyhedral.scop import Scop
 
 from . import mathlib, memshare, transpose, vecisa, vecloop, vectile
@@ -222,6 +223,7 @@ class _Emitter(Facts):
     ITYPE = "long"  # loop iterators and statement indices
     LONG = "L"  # suffix of stride literals (64-bit address arithmetic)
     TARGET = "c"  # whose builtin spellings (tcdsl.core.builtins) this emitter prints
+    ATOMIC_SCATTERS = False  # a scatter's additions race with other threads' (the GPU mappings)
 
     def __init__(self, scop: Scop, strides: dict[str, tuple[int, ...]], fn: str, vectorize: bool,
                  vector_math: bool, unroll: int = 0, target: CpuTarget | None = None) -> None:
@@ -795,7 +797,10 @@ class _Emitter(Facts):
                 w.line(f"{target} = {_literal(T.identity(s.op, self.tensors[s.tensor].dtype), ctype)};")
             else:
                 rhs = self._expr(s.rhs, env, s)
-                if s.op == "=":
+                dtype = self.tensors[s.tensor].dtype
+                if scatter is not None and self.ATOMIC_SCATTERS and dtype in ATOMIC_DTYPES:
+                    w.line(f"tc_atomic_add_{dtype}(&{target}, {rhs});")  # other threads add to it too
+                elif s.op == "=":
                     w.line(f"{target} = {rhs};")
                 elif s.op == "+" and _is_product(s.rhs):
                     # a contraction: one fused multiply-add per point (no other contraction happens)

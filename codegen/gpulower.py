@@ -1,6 +1,8 @@
 """GPU lowering passes: ``GpuProgram -> GpuProgram``, the register decisions that codegen.gpu
 prints, in order (``run``; ``trace`` prints each pass's program, ``TCDSL_DUMP_DIR`` writes it):
 
+    scatter     the index a scatter computes from data becomes ``data(...)`` of the loops its value
+                moves with (codegen.lower.scatter_call): no register holds its target across them
     hold        a loop that every thread runs (a matmul's k tiles) around one thread region with
                 one reduction: each thread holds its elements of the target in a register array
                 across the loop (``LHold``)
@@ -8,7 +10,7 @@ prints, in order (``run``; ``trace`` prints each pass's program, ``TCDSL_DUMP_DI
                 not move (a conv's channel and window loops): the element in a register (``LAccum``,
                 the CPU's accumulation, codegen.lower.accumulation, over a nest)
 
-Both are the ``private_memory`` option's: without it they leave the program as mapped.
+The last two are the ``private_memory`` option's: without it they leave the program as mapped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tcdsl.polyhedral.loopir import (
 )
 from tcdsl.polyhedral.scop import Scop
 
-from .lower import accumulation, rewrite
+from .lower import accumulation, rewrite, scatter_call
 
 GpuPass = Callable[[GpuProgram, Scop], GpuProgram]
 MAX_SLOTS = 64  # register-array elements a hold may give each thread
@@ -42,7 +44,7 @@ def run(program: GpuProgram, scop: Scop, private_memory: bool = True) -> tuple[t
     """The program after each pass, in order (the last is what codegen.gpu prints)."""
     out = []
     for name, p in PASSES:
-        if private_memory:
+        if private_memory or name == "scatter":
             program = p(program, scop)
         out.append((name, program))
     return tuple(out)
@@ -60,6 +62,11 @@ def trace(steps: tuple[tuple[str, GpuProgram], ...], start: GpuProgram) -> str:
 
 def _kernels(program: GpuProgram, visit: Callable[[LNode], LNode | None]) -> GpuProgram:
     return replace(program, kernels=tuple(replace(k, body=rewrite(k.body, visit)) for k in program.kernels))
+
+
+# ---- scatter ----
+def scatter_indices(program: GpuProgram, scop: Scop) -> GpuProgram:
+    return _kernels(program, lambda n: scatter_call(n, scop))
 
 
 # ---- hold ----
@@ -132,6 +139,7 @@ def accumulate_nests(program: GpuProgram, scop: Scop) -> GpuProgram:
 
 
 PASSES: tuple[tuple[str, GpuPass], ...] = (
+    ("scatter", scatter_indices),
     ("hold", hold_registers),
     ("accumulate", accumulate_nests),
 )

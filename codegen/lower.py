@@ -116,18 +116,21 @@ def scatter_indices(ir: LoopIR, f: Facts) -> LoopIR:
     loop values of the indices its value reads: later passes see its target move with those loops
     (no local or register tile holds it across them), and only the plain statement prints it."""
 
-    def visit(n: LNode) -> LNode | None:
-        if not isinstance(n, LCall):
-            return None
-        st = f.scop.stmt(n.stmt)
-        s = f.scop.tc_statement(n.stmt)
-        if s.scatter is None or st.kind != "update":
-            return None
-        args = dict(zip(st.indices, n.args))
-        data = LOp("data", tuple(args[i] for i in value_indices(s)))
-        return replace(n, args=tuple(data if i == s.scatter[0] else a for i, a in zip(st.indices, n.args)))
+    return replace(ir, body=rewrite(ir.body, lambda n: scatter_call(n, f.scop)))
 
-    return replace(ir, body=rewrite(ir.body, visit))
+
+def scatter_call(n: LNode, scop: Scop) -> LCall | None:
+    """``n``, a call of a scatter's update, with ``data(...)`` for the index it computes (None: any
+    other node). The GPU lowering runs it too."""
+    if not isinstance(n, LCall):
+        return None
+    st = scop.stmt(n.stmt)
+    s = scop.tc_statement(n.stmt)
+    if s.scatter is None or st.kind != "update":
+        return None
+    args = dict(zip(st.indices, n.args))
+    data = LOp("data", tuple(args[i] for i in value_indices(s)))
+    return replace(n, args=tuple(data if i == s.scatter[0] else a for i, a in zip(st.indices, n.args)))
 
 
 def has_data(call: LCall) -> bool:

@@ -136,16 +136,20 @@ class _Thread:
     def _call(self, n: LCall) -> Iterator[tuple[str, tuple[str, int]]]:
         st = self.scop.stmt(n.stmt)
         s = self.scop.tc_statement(st.name)
-        idx = {name: _eval(a, self.env) for name, a in zip(st.indices, n.args)}
+        scattered = s.scatter[0] if st.kind == "update" and s.scatter is not None else None
+        atomic = scattered is not None  # adds atomically at the row the data names
+        idx = {name: _eval(a, self.env) for name, a in zip(st.indices, n.args) if name != scattered}
         values = {**self.sizes, **idx}
-        target = (s.tensor, _flat([idx[i] for i in s.lhs], self.shapes[s.tensor]))
         if st.kind == "update":
             for r in reads(s.rhs):
                 loc = self._read(r, values)
                 if loc is not None:
                     yield ("read", loc)
-            if s.op != "=":
-                yield ("read", target)
+        if atomic:
+            return
+        target = (s.tensor, _flat([idx[i] for i in s.lhs], self.shapes[s.tensor]))
+        if st.kind == "update" and s.op != "=":
+            yield ("read", target)
         yield ("write", target)
 
     def _read(self, r: Read, values: dict[str, int]) -> tuple[str, int] | None:

@@ -8,6 +8,8 @@ gets ``Statement.scatter = (x0, Idx(b, l))``: the scop gives ``x0`` one point an
 the element it writes by the whole dim (as a gather's read), and the emitted code computes ``x0``
 from the data and skips values outside its range, where the equality never holds. So the result
 is that of the equality form, at the cost of one addition per point of the other indices.
+On the GPU the additions are atomic (``atomic``: ``Deps -> Deps``), so the points of the other
+indices run in parallel; their order, and so the rounding of a float sum, may vary between runs.
 
 The statement qualifies when it sums (``+``), its right side is ``cond ? value : 0`` with the
 equality among ``cond``'s conjuncts, the value side reads data and has an integer type, and the
@@ -18,9 +20,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import islpy as isl
+
 from tcdsl.core import dtypes as T
 from tcdsl.core.checked import Binop, Const, Convert, IndexVal, Read, Select, Statement, TExpr, operands, reads
 from tcdsl.core.instance import BoundStmt, Instance
+
+from .deps import Deps
+from .scop import Scop
 
 
 def scatters(inst: Instance) -> Instance:
@@ -129,3 +136,26 @@ def value_indices(s: Statement) -> tuple[str, ...]:
 
     walk(s.scatter[1])
     return tuple(i for i in s.indices if i in used)
+
+
+# the element types whose additions the GPU backends make atomic (codegen.gpu's tc_atomic_add_*)
+ATOMIC_DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def atomic(deps: Deps, scop: Scop) -> Deps:
+    """``deps`` for a mapping whose scatters add atomically (the GPU's): their updates may then run
+    at once as well as in any order, so the loops their values move with need not be serial. A
+    scatter of another element type keeps its updates apart."""
+    names = [st.name for st in scop.stmts if st.kind == "update"
+             and scop.tc_statement(st.name).scatter is not None
+             and scop.inst.checked.tensors[scop.tc_statement(st.name).tensor].dtype in ATOMIC_DTYPES]
+    if not names:
+        return deps
+    mine = isl.UnionSet.empty(scop.domain.get_space())
+    sets: list[isl.Set] = []
+    scop.domain.foreach_set(sets.append)
+    for st in sets:
+        if st.get_tuple_name() in names:
+            mine = mine.union(isl.UnionSet.from_set(st))
+    kept = deps.reduction.subtract(deps.reduction.intersect_domain(mine).intersect_range(mine))
+    return replace(deps, reduction=kept.coalesce())

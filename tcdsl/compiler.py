@@ -38,7 +38,7 @@ from .polyhedral.cputarget import CpuTarget
 from .polyhedral.deps import Deps, dependences
 from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
 from .polyhedral.loopir import LoopIR
-from .polyhedral.scatter import scatters
+from .polyhedral.scatter import atomic, scatters
 from .polyhedral.scop import Scop, build_scop
 
 
@@ -356,10 +356,13 @@ def lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: Gpu
 
 
 def _lower_gpu(inst: Instance, options: MappingOptions, dialect: str, target: GpuTarget) -> GpuLowered:
+    inst = scatters(inst)
+    if options.fusion is None and any(s.scatter is not None for s in inst.checked.stmts):
+        options = options.with_(fusion="preserve")  # the target's initialisation, a kernel of its own
     options = options.resolved(inst.checked)
     gpu.check_options(options, target)
     scop = build_scop(inst)
-    deps = dependences(scop)
+    deps = atomic(dependences(scop), scop)  # a scatter's updates add atomically on the GPU
     tree = schedule.compute(scop, deps, options)
     final, program = gpu.map_program(tree, scop, deps, options, target, name=f"tc_{inst.checked.name}")
     passes = gpu_passes.run(program, scop, options.private_memory)

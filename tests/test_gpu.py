@@ -194,8 +194,9 @@ def test_register_decisions_are_passes_that_print(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("TCDSL_DUMP_DIR", str(tmp_path))
     A, B = f32(100, 70), f32(70, 90)
     low = tc.define(MATMUL).lowered_gpu(A, B, backend="cuda")
-    assert [name for name, _ in low.passes] == ["hold", "accumulate"]
-    (hold,) = [n for k in low.passes[0][1].kernels for n in walk(k.body) if isinstance(n, LHold)]
+    assert [name for name, _ in low.passes] == ["scatter", "hold", "accumulate"]
+    assert str(low.passes[0][1]) == str(low.program)  # no scatter in a matmul
+    (hold,) = [n for k in low.passes[1][1].kernels for n in walk(k.body) if isinstance(n, LHold)]
     assert hold.slots == (4, 1) and hold.loop.var in low.source.text
     assert "hold S1 in registers across" in (tmp_path / "matmul.gpu-passes.txt").read_text()
     plain = tc.define(MATMUL).lowered_gpu(A, B, backend="cuda", options=MappingOptions(private_memory=False))

@@ -138,3 +138,53 @@ def scaled(float(B, D) G, int32(B) Idx) -> (T) {
 
     assert_sum_close(k(g, idx), scaled, g, terms=11)
     assert "data(" not in _lowered_text(k, g, idx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,idx_type", [("float32", "int64"), ("float64", "int32"), ("int32", "int32")])
+def test_gpu_scatters_add_atomically_in_parallel(dtype: str, idx_type: str) -> None:
+    """On the GPU mappings the table's initialisation is a kernel of its own and the scatter runs
+    every (bag, position) point in parallel, adding atomically (OpenCL: PoCL on any machine, against
+    np.add.at, duplicate, negative and out-of-range rows included); the CUDA text uses atomicAdd and
+    compiles for sm_90 with no spills."""
+    from conftest import has_opencl
+
+    from tcdsl.codegen import nvrtc
+    from tcdsl.polyhedral import gpucheck
+
+    ctype = {"float32": "float", "float64": "double", "int32": "int32"}[dtype]
+    k = tc.define(f"""
+def bag_grad({ctype}(B, D) G, {idx_type}(B, L) Idx) -> (T) {{
+    T(x, d) +=! (x == Idx(b, l)) ? G(b, d) : {ctype}(0) where x in 0:V, d in 0:D, b in 0:B, l in 0:L
+}}
+""".replace("0:V", "0:203"))
+    rng = np.random.default_rng(3)
+    V, B, L, D = 203, 19, 11, 37
+    idx = rng.integers(-2, V + 2, (B, L)).astype(idx_type)
+    idx[0, :4] = 7  # one row many times: the atomic additions meet
+    g = (rng.standard_normal((B, D)) * 8).astype(dtype)
+
+    def scatter(g: np.ndarray) -> np.ndarray:
+        out = np.zeros((V, D), g.dtype)
+        inside = (idx >= 0) & (idx < V)
+        np.add.at(out, idx[inside], np.repeat(g[:, None, :], L, axis=1)[inside])
+        return out
+
+    low = k.lowered_gpu(g, idx, backend="opencl")
+    program = str(low.program)
+    assert len(low.source.kernels) == 2 and f"tc_atomic_add_{dtype}(&" in low.source.text, program
+    scatter_kernel = program.split("kernel ")[2]
+    assert scatter_kernel.count("threads.") == 2, program  # b and l: the points run in parallel
+    for kern in low.program.kernels:  # the race oracle: atomic additions race with nothing
+        assert gpucheck.races(kern, low.scop) == [], kern.name
+    if has_opencl():
+        got = k(g, idx, backend="opencl")
+        if dtype == "int32":
+            np.testing.assert_array_equal(got, scatter(g))
+        else:
+            assert_sum_close(got, scatter, g, terms=B * L)
+    if nvrtc.available():
+        text = k.lowered_gpu(g, idx, backend="cuda").source.text
+        assert f"tc_atomic_add_{dtype}(&" in text
+        out = nvrtc.compile_cuda(text, "sm_90")
+        assert all(v == 0 for v in out.spills().values()), out.log
