@@ -50,6 +50,7 @@ from tcdsl.polyhedral.loopir import (
     LTile,
     LTranspose,
     LVar,
+    expr_vars,
     trip_bound,
     trip_count,
     walk,
@@ -638,6 +639,7 @@ class _Emitter(Facts):
                 return
             f = rt.inner[k]
             simd = k == len(rt.inner) - 1 and rt.simd
+            hoisted = self._hoist_gathers(rt.call, f) if simd and copy is None and inside is None else []
             for lo, hi in self._vector_segments(f, rt) if simd else [(None, None)]:
                 if simd:
                     w.line("#pragma omp simd")
@@ -650,8 +652,38 @@ class _Emitter(Facts):
                 nest(k + 1)
                 w.pop()
                 w.line("}")
+            for key in hoisted:
+                del self.gathered[key]
 
         nest(0)
+
+    def _hoist_gathers(self, call: LCall, loop: LFor) -> list[tuple[int, int]]:
+        """Checked row numbers of the unconditional gathers of ``call`` that ``loop`` (at least one
+        iteration) does not move, computed once before it: the loop then reads one row, contiguous
+        and vectorised (an embedding bag's ``Table(Idx(b, l), d)`` along ``d``). ``(id(Read), dim)``
+        of each, for ``_read``."""
+        trips = trip_count(loop)
+        if trips is None or trips < 1:
+            return []
+        st = self.scop.stmt(call.stmt)
+        s = self.scop.tc_statement(st.name)
+        args = dict(zip(st.indices, call.args))
+        moved = {i for i, a in args.items() if loop.var in expr_vars(a)}
+        out = []
+        for r in reads(s.rhs):
+            if r.conditional or id(r) in self.hoisted or r.tensor in self.scalars or r.tensor in self.rows:
+                continue
+            for d, sub in enumerate(r.subs):
+                if isinstance(sub, Sym) or not reads(sub) or _index_names(sub) & moved:
+                    continue
+                env = {i: f"({_top(self._lexpr(args[i]))})" for i in _index_names(sub)}
+                code = self._site("gather", s, r.tensor, d, r.span)
+                name = f"g{len(self.gathered)}"
+                self.w.line(f"const long {name} = tc_chk((long){self._expr(sub, env, s)}, "
+                            f"{self.shapes[r.tensor][d]}L, {code}, tc_err);")
+                self.gathered[(id(r), d)] = name
+                out.append((id(r), d))
+        return out
 
     def _vector_segments(self, f: LFor, rt: LTile) -> list[tuple[str | None, str | None]]:
         """The innermost tile loop as one loop, or as two where the split pass cut it."""
@@ -952,6 +984,9 @@ class _Emitter(Facts):
                     code = self._site("read", s, e.tensor, d, e.span)
                     text = f"tc_chk({text}, {shape[d]}L, {code}, tc_err)"
                     checks.append(d)
+            elif (id(e), d) in self.gathered:  # checked before the loop (_hoist_gathers)
+                text = self.gathered[(id(e), d)]
+                checks.append(d)
             else:
                 # a subscript computed from tensor values (a gather) or from indices (``j / R``)
                 code = self._site("gather" if reads(sub) else "read", s, e.tensor, d, e.span)
@@ -1030,3 +1065,19 @@ def _schedule(n: LFor) -> str:
         m = trip_count(inner)
         trips = None if m is None else trips * m
     return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
+
+
+def _index_names(e: TExpr) -> set[str]:
+    """The statement indices ``e`` uses, in its values and in the subscripts of its reads."""
+    out: set[str] = set()
+    if isinstance(e, IndexVal):
+        out.add(e.name)
+    elif isinstance(e, Read):
+        for x in e.subs:
+            out |= x.indices() if isinstance(x, Sym) else _index_names(x)
+    else:
+        kids = [getattr(e, k, None) for k in ("arg", "lhs", "rhs", "cond", "then", "other")]
+        for kid in [*kids, *(getattr(e, "args", ()) or ())]:
+            if isinstance(kid, TExpr):
+                out |= _index_names(kid)
+    return out

@@ -31,6 +31,7 @@ class Facts:
         self.rows: dict[str, tuple[int, ...]] = {}  # temporaries in one row buffer -> the dims fixed there
         self.scalars: set[str] | dict[str, str] = set()  # contracted temporaries in scope (the emitter: -> C name)
         self.hoisted: dict[int, str] = {}  # id(Read) -> the local loaded before the current loop
+        self.gathered: dict[tuple[int, int], str] = {}  # (id(Read), dim) -> its checked row, before the loop
         self.packed: dict[int, str] = {}  # id(Read) -> its packed buffer's element, less the lane ("buf[... + ")
         self.pack_of: dict[LCall, tuple[int, str]] = {}  # the emitter: a tile's call -> its packed read, as above
 

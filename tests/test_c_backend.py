@@ -1308,3 +1308,21 @@ def test_freed_blocks_of_megabytes_are_reused_without_faults():
 
     assert faults("1") < 50
     assert faults("0") > 500
+
+
+@pytest.mark.cpu
+def test_a_gathered_row_is_checked_once_before_the_loop_along_it():
+    """An embedding bag's ``Tab(Idx(b, l), d)`` along ``d``: the row is read and checked before the
+    (vectorised) loop over ``d``, not per element; results and the out-of-range error are the
+    interpreter's."""
+    bag = tc.define("def bag(float(V, D) Tab, int64(B, L) Idx) -> (O) { O(b, d) +=! Tab(Idx(b, l), d) }",
+                    filename="bag.tc")
+    rng = np.random.default_rng(4)
+    tab, idx = rng.standard_normal((300, 64)).astype(np.float32), rng.integers(0, 300, (32, 10))
+    src = bag.source(tab, idx).split("int tc_kernel")[1]
+    hoisted = re.search(r"const long (g\d+) = tc_chk\(\(long\)t1\[", src)
+    assert hoisted and f"t0[{hoisted.group(1)} * 64L + " in src, src
+    assert_sum_close(bag(tab, idx), lambda t: t[idx].sum(1), tab, terms=10)
+    idx[17, 3] = 300
+    e, ref = _both_raise(bag, [tab, idx])
+    assert "'Tab'" in e.message and "read at 300," in e.message and str(e) == str(ref)
