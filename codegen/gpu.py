@@ -58,13 +58,6 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
-/* a scatter's additions (polyhedral.scatter.atomic) */
-static __device__ inline void tc_atomic_add_float32(float *p, float v) { atomicAdd(p, v); }
-static __device__ inline void tc_atomic_add_float64(double *p, double v) { atomicAdd(p, v); }
-static __device__ inline void tc_atomic_add_int32(int *p, int v) { atomicAdd(p, v); }
-static __device__ inline void tc_atomic_add_int64(long long *p, long long v) {
-  atomicAdd((unsigned long long *)p, (unsigned long long)v);  /* two's complement: the same bits */
-}
 """
 
 # OpenCL C's math functions are overloaded: the float spellings (`expf`) of the builtins and of
@@ -98,27 +91,35 @@ typedef int int32_t;
 typedef uint uint32_t;
 typedef long int64_t;
 typedef ulong uint64_t;
-/* a scatter's additions (polyhedral.scatter.atomic): floats by compare-and-swap of their bits */
-DEVFN void tc_atomic_add_float32(__global float *p, float v) {
-  volatile __global uint *q = (volatile __global uint *)p;
-  uint old = *q, seen;
-  while ((seen = atomic_cmpxchg(q, old, as_uint(as_float(old) + v))) != old) old = seen;
-}
-DEVFN void tc_atomic_add_int32(__global int *p, int v) { atomic_add((volatile __global int *)p, v); }
 """ + "".join(f"#define {f}f {f}\n" for f in _F_NAMES)
 
-# 64-bit additions for OpenCL scatters (cl_khr_int64_base_atomics; a device without it cannot run
-# a float64 or int64 scatter, and says so when the program builds)
-OPENCL_ATOMICS_64 = r"""#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
-#ifdef cl_khr_fp64
-DEVFN void tc_atomic_add_float64(__global double *p, double v) {
-  volatile __global ulong *q = (volatile __global ulong *)p;
-  ulong old = *q, seen;
-  while ((seen = atom_cmpxchg(q, old, as_ulong(as_double(old) + v))) != old) old = seen;
+# a scatter's additions (polyhedral.scatter.atomic), per dialect and element type; only those a
+# program's scatters use are printed (OpenCL's 64-bit ones need cl_khr_int64_base_atomics: a device
+# without it cannot run such a scatter, and says so when the program builds)
+ATOMICS = {
+    "cuda": {
+        "float32": "static __device__ inline void tc_atomic_add_float32(float *p, float v) { atomicAdd(p, v); }",
+        "float64": "static __device__ inline void tc_atomic_add_float64(double *p, double v) {\n"
+                   "  atomicAdd(p, v);\n}",
+        "int32": "static __device__ inline void tc_atomic_add_int32(int *p, int v) { atomicAdd(p, v); }",
+        "int64": "static __device__ inline void tc_atomic_add_int64(long long *p, long long v) {\n"
+                 "  atomicAdd((unsigned long long *)p, (unsigned long long)v);  /* two's complement */\n}",
+    },
+    "opencl": {
+        "float32": "DEVFN void tc_atomic_add_float32(__global float *p, float v) {  /* compare-and-swap */\n"
+                   "  volatile __global uint *q = (volatile __global uint *)p;\n  uint old = *q, seen;\n"
+                   "  while ((seen = atomic_cmpxchg(q, old, as_uint(as_float(old) + v))) != old) old = seen;\n}",
+        "float64": "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable\n"
+                   "DEVFN void tc_atomic_add_float64(__global double *p, double v) {\n"
+                   "  volatile __global ulong *q = (volatile __global ulong *)p;\n  ulong old = *q, seen;\n"
+                   "  while ((seen = atom_cmpxchg(q, old, as_ulong(as_double(old) + v))) != old) old = seen;\n}",
+        "int32": "DEVFN void tc_atomic_add_int32(__global int *p, int v) {\n"
+                 "  atomic_add((volatile __global int *)p, v);\n}",
+        "int64": "#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable\n"
+                 "DEVFN void tc_atomic_add_int64(__global long *p, long v) {\n"
+                 "  atom_add((volatile __global long *)p, v);\n}",
+    },
 }
-#endif
-DEVFN void tc_atomic_add_int64(__global long *p, long v) { atom_add((volatile __global long *)p, v); }
-"""
 
 COMMON = r"""
 typedef unsigned char tc_bool;
@@ -226,9 +227,12 @@ class _GpuEmitter(_Emitter):
         w.raw(CUDA_PRELUDE if self.dialect == "cuda" else OPENCL_PRELUDE)
         if self.dialect == "opencl" and any(t.dtype == "float64" for t in self.tensors.values()):
             w.raw("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-        if self.dialect == "opencl" and any(t.dtype in ("float64", "int64") for t in self.tensors.values()):
-            w.raw(OPENCL_ATOMICS_64)
         w.raw(COMMON)
+        scattered = sorted({self.tensors[self.scop.tc_statement(st.name).tensor].dtype for st in self.scop.stmts
+                            if st.kind == "update" and self.scop.tc_statement(st.name).scatter is not None})
+        for dtype in scattered:
+            if dtype in ATOMICS[self.dialect]:
+                w.raw(ATOMICS[self.dialect][dtype] + "\n")
         library = w.mark()  # the tcdsl.codegen.mathlib functions the kernels call go here
         for name in self.order:
             t = self.tensors[name]

@@ -737,7 +737,9 @@ class _Deriver:
         for j in range(k + 1, len(self.stmts)):
             o = self.stmts[j]
             e = o.rhs
+            same = {self.tensors[o.tensor].dtype, self.tensors[s.tensor].dtype, e.dtype}  # no narrower output
             if o.tensor not in outputs or j != self.writes[o.tensor][-1] or o.op != "=" or o.reductions \
+                    or len(same) > 1 \
                     or not (isinstance(e, Binop) and e.op == "/" and isinstance(e.lhs, Read)) \
                     or e.lhs.tensor != s.tensor or self.before[j].get(s.tensor) != k or not self._covers(o):
                 continue

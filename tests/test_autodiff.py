@@ -298,3 +298,13 @@ def test_cheap_temporaries_are_substituted_only_where_read_once_per_point() -> N
                    "  C(i, j) +=! T(i, k) * B(k, j)\n}").backward_source()
     code = [x.strip() for x in mm.splitlines() if not x.strip().startswith("#")]
     assert any(x.startswith("T(i, k) = (A(i, k) * 2.0)") for x in code), mm
+
+
+def test_a_temporary_comes_back_from_an_output_only_at_its_own_precision() -> None:
+    """Softmax's e comes back as Y * s where Y has e's type; a float16 Y would round e to 11 bits,
+    so e is recomputed from X instead (and the max that recomputation needs is saved)."""
+    src = _case("softmax").source.replace("double", "float")
+    assert "(Y(n, d) * s(n))" in tc.define(src).backward_source()
+    half = tc.define(src.replace("-> (Y)", "-> (float16(N, D) Y)").replace("e(n, d) / s(n)", "float16(e(n, d) / s(n))"))
+    bw = half.backward_source()
+    assert "Y(n, d) * s(n)" not in bw and "exp((X(n, d) - mx(n)))" in bw and "float32(N) mx" in bw
