@@ -144,6 +144,7 @@ class Kernel:
         self._compiled: dict[tuple, CKernel] = {}
         self._by_layout: dict[tuple, CKernel] = {}  # (argument shapes, dtypes and byte strides, options, target)
         self._hot: dict[tuple, tuple[CKernel, MappingOptions, str | None, tuple[object, ...]]] = {}  # see _hot_kernel
+        self._tensor_layouts: dict[tuple, tuple] = {}  # torch tensors' layout -> the arrays' (_hot_tensor_kernel)
         self._gpu: dict[tuple, Any] = {}  # GPU programs per (sizes, backend, options)
         self._tuned: dict[tuple, tuple[MappingOptions, str] | None] = {}  # per argument layout: tuned options, and when
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
@@ -436,6 +437,21 @@ class Kernel:
         if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != _call_env():
             return None
         return hit[0]
+
+    def _hot_tensor_kernel(self, tensors: Sequence[Any]) -> CKernel | None:
+        """``_hot_kernel`` for CPU torch tensors, by their shapes, dtypes and strides (no numpy view
+        made): the kernel the same call on their numpy views would run (``_note_tensor_layout``)."""
+        layout = self._tensor_layouts.get(tuple((a.shape, a.dtype, a.stride()) for a in tensors))
+        hit = self._hot.get(layout) if layout is not None else None
+        if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != _call_env():
+            return None
+        return hit[0]
+
+    def _note_tensor_layout(self, tensors: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+        """Remember that ``tensors`` have the layout of their numpy views ``arrays``."""
+        key = _layout_key(arrays)
+        if key in self._hot:
+            self._tensor_layouts[tuple((a.shape, a.dtype, a.stride()) for a in tensors)] = key
 
     @_user_facing
     @_stack_safe

@@ -281,6 +281,31 @@ class CKernel:
             raise self._error(int(err[0]), int(err[1]))
         return made
 
+    @property
+    def plain(self) -> bool:
+        """Whether ``run_at`` can run it: no empty tensor, no temporary buffer."""
+        return self._nonempty and not self._temps
+
+    def run_at(self, inputs: Sequence[int]) -> list[np.ndarray]:
+        """``run`` with fresh outputs on inputs given by the addresses of their first elements
+        (torch tensors' ``data_ptr()``), laid out as the inputs this kernel was compiled for;
+        needs ``plain``."""
+        addresses = [0] * (self._params + 1)
+        for (at, _), a in zip(self._inputs, inputs):
+            if at is not None:
+                addresses[at] = a
+        made = []
+        for at, make in self._makers:
+            o = make()
+            made.append(o)
+            if at is not None:
+                addresses[at] = _address(o)
+        err = np.zeros(2, dtype=np.int64)
+        addresses[-1] = _addressof(_char_at(err))
+        if self.fn(*addresses):
+            raise self._error(int(err[0]), int(err[1]))
+        return made
+
     def _error(self, code: int, value: int) -> TcRuntimeError:
         return runtime_error(self.inst, self.low.source.errors, code, value)
 

@@ -84,6 +84,30 @@ def test_non_contiguous_tensors_and_out() -> None:
 
 
 @pytest.mark.cpu
+def test_repeated_calls_on_tensors_of_one_layout_run_at_their_addresses() -> None:
+    """After a first call, tensors with the same shapes, dtypes and strides go to the kernel by
+    their data_ptr (no numpy views): views at an offset, transposed views (a layout of their own),
+    tensors that require grad, and the gradients autograd passes the backward def."""
+    k = tc.define(CASES[0].source)  # matmul, float64
+    big = torch.rand(40, 3, dtype=torch.float64)
+    B = torch.rand(3, 5, dtype=torch.float64)
+    for lo in (0, 1, 7, 30):  # the same layout at different addresses
+        A = big[lo:lo + 4]
+        assert_sum_close(k(A, B).numpy(), np.matmul, A.numpy(), B.numpy(), terms=3)
+    assert k._tensor_layouts, "the layout was not remembered"
+    for _ in range(2):
+        At = torch.rand(3, 4, dtype=torch.float64).t()  # strides (1, 4): another layout
+        assert_sum_close(k(At, B).numpy(), np.matmul, At.numpy(), B.numpy(), terms=3)
+    for _ in range(3):
+        A = torch.rand(4, 3, dtype=torch.float64, requires_grad=True)
+        Bg = B.clone().requires_grad_(True)
+        g = torch.rand(4, 5, dtype=torch.float64)
+        k(A, Bg).backward(g)
+        assert_sum_close(_np(A.grad), np.matmul, g.numpy(), B.numpy().T, terms=5)
+        assert_sum_close(_np(Bg.grad), np.matmul, _np(A).T, g.numpy(), terms=4)
+
+
+@pytest.mark.cpu
 def test_torch_compile() -> None:
     mlp = tc.define(next(c for c in CASES if c.name == "mlp").source)
     ln = tc.define(next(c for c in CASES if c.name == "layernorm").source)
