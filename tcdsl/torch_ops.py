@@ -223,36 +223,54 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.save_for_backward(*[t for t, kept in zip([*args, *output], plan[1]) if kept])
 
 
+_PLANS: dict[tuple[str, tuple[bool, ...], bool], tuple[str, list[tuple[bool, str]], list[int]] | None] = {}
+
+
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
     e = _entry(ctx.key)
     # the kernel's backward; when the values it saved have gradients too (double backward), the
     # backward of the def that returns them, which counts them as outputs
-    owner = e.kernel if any(g is not None for g in grads[e.n_user_outputs:]) else e.owner
-    names = [t.name for t in owner.checked.inputs]
-    wrt = _wrt(owner, ctx.needs)
+    double = any(g is not None for g in grads[e.n_user_outputs:])
+    plan_key = (ctx.key, tuple(ctx.needs), double)
+    if plan_key in _PLANS:
+        plan = _PLANS[plan_key]
+    else:
+        plan = _PLANS[plan_key] = _backward_plan(e, e.kernel if double else e.owner, ctx.needs)
     result: list[torch.Tensor | None] = [None] * ctx.n_args
-    if not wrt:
+    if plan is None:
         return None, result
-    bw = backward_of(owner, wrt)
-    bkey = _backward_key(owner, e, bw)
+    bkey, sources, positions = plan
     values = dict(zip(ctx.kept, ctx.saved_tensors))
     grads_of = {n: (g, meta) for (n, _), g, meta in zip(e.outputs, grads, ctx.out_meta)}
     bargs = []
-    for p in bw.params:
-        if p.role == "grad":
-            g, (shape, dtype) = grads_of[p.of]
+    for is_grad, name in sources:
+        if is_grad:
+            g, (shape, dtype) = grads_of[name]
             bargs.append(torch.zeros(shape, dtype=dtype) if g is None else g.contiguous())
         else:
-            bargs.append(values[p.name if p.role == "saved" else p.of])
+            bargs.append(values[name])
     # a first backward of plain tensors runs the backward def directly; under double backward
     # (grad mode on) or tracing, through its op, which is differentiable in turn
     direct = not torch.is_grad_enabled() and _eager(bargs)
     got = _run(_REGISTRY[bkey], bargs) if direct else _backward(bkey, bargs)
-    for w, g in zip(bw.grads, got):
-        i = names.index(w)
-        if ctx.needs[i]:
+    for i, g in zip(positions, got):
+        if i >= 0:
             result[i] = g
     return None, result
+
+
+def _backward_plan(e: _Entry, owner: Any, needs: list[bool]) -> tuple[str, list[tuple[bool, str]], list[int]] | None:
+    """What ``_autograd`` does for these inputs' needs (None: no gradient to compute): the backward
+    op's key, where each of its params comes from (a gradient of an output, else a kept value by
+    name), and the input position of each gradient it returns (-1: not needed)."""
+    wrt = _wrt(owner, needs)
+    if not wrt:
+        return None
+    bw = backward_of(owner, wrt)
+    names = [t.name for t in owner.checked.inputs]
+    sources = [(p.role == "grad", p.of if p.role in ("grad", "input", "output") else p.name) for p in bw.params]
+    positions = [names.index(w) if needs[names.index(w)] else -1 for w in bw.grads]
+    return _backward_key(owner, e, bw), sources, positions
 
 
 _forward.register_autograd(_autograd, setup_context=_setup)
