@@ -262,24 +262,7 @@ class CKernel:
     def _run_plain(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``run`` with fresh outputs, no empty tensor and no temporary buffer: the repeated call's
         path, a few microseconds of Python."""
-        addresses = [0] * (self._params + 1)
-        for (at, _), a in zip(self._inputs, inputs):
-            if at is not None:
-                try:
-                    addresses[at] = _addressof(_char_at(a))
-                except (TypeError, ValueError, BufferError):  # read-only, or not contiguous
-                    addresses[at] = a.ctypes.data
-        made = []
-        for at, make in self._makers:
-            o = make()
-            made.append(o)
-            if at is not None:
-                addresses[at] = _address(o)
-        err = np.zeros(2, dtype=np.int64)
-        addresses[-1] = _addressof(_char_at(err))
-        if self.fn(*addresses):
-            raise self._error(int(err[0]), int(err[1]))
-        return made
+        return self.run_at([_address(a) for a in inputs])
 
     @property
     def plain(self) -> bool:
