@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import shutil
 import sys
@@ -54,6 +55,10 @@ from .training import TrainingTuneResult, autotune_step
 from .tuner import tune
 
 BACKENDS = ("c", "numpy", "opencl", "cuda")
+# contractions of fewer products keep the def's own layout by default: two transposes, their
+# buffers and the general call path cost more than the register tiles gain (an 8x8x8 fully
+# connected layer's forward: 19 -> 5 us a call)
+LAYOUT_MIN_WORK = 1 << 15
 _UNSEEN = object()
 
 
@@ -205,7 +210,8 @@ class Kernel:
         (tcdsl.layout) as ``options.layout`` says (by default, unless the options fix tiles or loop
         orders for the def as written)."""
         fixed = options.tile is not None or options.register_tile is not None or options.point_order is not None
-        if self._layout is None or options.layout is False or (options.layout is None and fixed):
+        small = max((math.prod(bs.shape) for bs in inst.stmts if bs.stmt.reductions), default=0) < LAYOUT_MIN_WORK
+        if self._layout is None or options.layout is False or (options.layout is None and (fixed or small)):
             return inst
         key = tuple(sorted(inst.sizes.items()))
         laid = self._laid_out.get(key)

@@ -1080,14 +1080,19 @@ FC_TORCH_LAYOUT = """def fc(float(B,M) I, float(N,M) W1, float(N) B1) -> (O) {
 @pytest.mark.parametrize("b, m, n", [(128, 96, 256), (13, 7, 11), (1, 33, 5), (50, 1, 9)])
 def test_contraction_against_a_transposed_operand_is_laid_out_and_exact(b: int, m: int, n: int):
     """``O(b, n) +=! I(b, r) * W(n, r)`` compiles as a transpose of I, a register-tiled product
-    and a transpose back; the results match numpy for any sizes."""
+    and a transpose back where it has LAYOUT_MIN_WORK products or more (or layout=True says so);
+    the results match numpy for any sizes."""
+    from tcdsl.api import LAYOUT_MIN_WORK
+
     k = tc.define(FC_TORCH_LAYOUT)
     I, W, bias = f32((b, m)), f32((n, m), 1), f32((n,), 2)
-    assert set(k.lowered(I, W, bias).scop.inst.checked.tensors) >= {"I_t", "O_t"}
+    big = b * m * n >= LAYOUT_MIN_WORK
+    assert (set(k.lowered(I, W, bias).scop.inst.checked.tensors) >= {"I_t", "O_t"}) == big
     assert_sum_close(k(I, W, bias, backend="c"), lambda I, W, b: _fc(I, W.T, b), I, W, bias, terms=m + 1)
     # explicit tiles are meant for the def as written: no rewrite then, unless layout=True says that
     # they are the laid-out def's; layout=False keeps the def as written with the default tiles
-    for opts, laid in ((MappingOptions(tile=(8, 8, 8)), False), (MappingOptions(tile=(8, 8, 8), layout=True), True),
+    for opts, laid in ((MappingOptions(layout=True), True), (MappingOptions(), big),
+                       (MappingOptions(tile=(8, 8, 8)), False), (MappingOptions(tile=(8, 8, 8), layout=True), True),
                        (MappingOptions(register_tile=(2, 8, 1), point_order=(0, 2, 1), layout=True), True),
                        (MappingOptions(layout=False), False)):
         assert ("I_t" in k.lowered(I, W, bias, options=opts).scop.inst.checked.tensors) == laid, opts
@@ -1260,8 +1265,8 @@ def test_read_only_strided_and_zero_dim_arguments():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("shapes,options", [(((3, 4), (5, 4)), None),
-                                            (((40, 24), (36, 24)), MappingOptions(openmp=False))])
+@pytest.mark.parametrize("shapes,options", [(((3, 4), (5, 4)), MappingOptions(layout=True)),
+                                            (((40, 24), (36, 24)), MappingOptions(openmp=False, layout=True))])
 def test_operands_transposed_in_blocks_and_read_in_the_same_kernel(shapes, options):
     """A product with its operands laid out for the contraction (tcdsl.layout): the blocked transpose
     (tc_transpose_rect, 32-bit words) writes a buffer the product then reads as floats, outside any
