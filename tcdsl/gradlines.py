@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .core.affine import Sym
+from .core.affine import Sym, Var
 from .core.checked import Binop, Call, Read, Select, TExpr, reads
 from .derivative import rewrite, text
 
@@ -128,14 +128,24 @@ def _inline_one(items: list[Line | str], keep: set[str]) -> bool:
 
 
 def _substitutable(t: Line, x: Line) -> bool:
-    """Whether ``x`` reads ``t`` only in its value, at plain subscripts that use every index of its
-    loops (each point of ``t`` computed once per point of ``x``, as the read costed)."""
+    """Whether ``x`` reads ``t`` only in its value, each point of ``t`` once per point of ``x``'s
+    loops (as the read costed): every subscript one of its loop indices plus a constant, each
+    index in one subscript, all of them used. A window's ``x2 / 2`` reads a point four times, a
+    contraction's operand once per other index: those keep the statement."""
     if any(w.startswith("exists ") and t.name in _EXISTS.findall(w) for w in x.where):
         return False
+    loops = x.loop_indices()
     for r in reads(x.value):
         if r.tensor == t.name:
-            syms = [s for s in r.subs if isinstance(s, Sym)]
-            if len(syms) != len(r.subs) or not x.loop_indices() <= {i for s in syms for i in s.indices()}:
+            used = []
+            for s in r.subs:
+                if not isinstance(s, Sym):
+                    return False
+                terms = [(a, c) for a, c in s.terms if isinstance(a, Var) and a.kind == "index"]
+                if len(terms) != 1 or len(s.terms) != 1 or abs(terms[0][1]) != 1:
+                    return False
+                used.append(terms[0][0].name)
+            if len(set(used)) != len(used) or set(used) != loops:
                 return False
     return True
 

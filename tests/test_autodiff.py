@@ -289,7 +289,8 @@ def test_shifts_no_output_sees_carry_no_gradient() -> None:
 def test_cheap_temporaries_are_substituted_only_where_read_once_per_point() -> None:
     """A cheap recomputed temporary is substituted into readers that read each of its points once
     (layernorm's xc: no N x D buffer); one read across another loop index (a contraction's operand)
-    stays a statement, so the contraction does not recompute it per product."""
+    or at several points of the reader (a pooling window's share) stays a statement, so it is not
+    computed again per product or per window point."""
     ln = tc.define(_case("layernorm").source).backward_source()
     code = [x.strip() for x in ln.splitlines() if not x.strip().startswith("#")]
     assert not any(x.startswith("xc(") for x in code) and "(X(n, d) - mean(n))" in ln
@@ -298,6 +299,9 @@ def test_cheap_temporaries_are_substituted_only_where_read_once_per_point() -> N
                    "  C(i, j) +=! T(i, k) * B(k, j)\n}").backward_source()
     code = [x.strip() for x in mm.splitlines() if not x.strip().startswith("#")]
     assert any(x.startswith("T(i, k) = (A(i, k) * 2.0)") for x in code), mm
+    # a 2x2 window reads each share four times (x2 / 2): the share stays one statement
+    mp = tc.define(_case("maxpool").source).backward_source()
+    assert any(x.strip().startswith("d_O_share(n, c, h, w) =") for x in mp.splitlines()), mp
 
 
 def test_a_temporary_comes_back_from_an_output_only_at_its_own_precision() -> None:
