@@ -29,6 +29,7 @@ from tcdsl.core.checked import (
     Statement,
     TExpr,
     Unop,
+    operands,
     reads,
 )
 from tcdsl.core.instance import fully_written
@@ -1076,8 +1077,6 @@ def _index_names(e: TExpr) -> set[str]:
         for x in e.subs:
             out |= x.indices() if isinstance(x, Sym) else _index_names(x)
     else:
-        kids = [getattr(e, k, None) for k in ("arg", "lhs", "rhs", "cond", "then", "other")]
-        for kid in [*kids, *(getattr(e, "args", ()) or ())]:
-            if isinstance(kid, TExpr):
-                out |= _index_names(kid)
+        for kid in operands(e):
+            out |= _index_names(kid)
     return out

@@ -40,7 +40,7 @@ class Deps:
 
 def dependences(scop: Scop) -> Deps:
     updates = [st for st in scop.stmts if st.kind == "update" and scop.tc_statement(st.name).op != "="]
-    red = _filter(scop.domain, [st.name for st in updates])
+    red = statements_in(scop.domain, [st.name for st in updates])
     plain = scop.domain.subtract(red)
     must, may = scop.writes.intersect_domain(plain), scop.writes.intersect_domain(red)
     flow = (isl.UnionAccessInfo.from_sink(scop.reads).set_must_source(must).set_may_source(may)
@@ -49,12 +49,13 @@ def dependences(scop: Scop) -> Deps:
              .set_may_source(may.union(scop.reads)).set_schedule_map(scop.order).compute_flow().get_may_dependence())
     self_deps = isl.UnionMap.empty(flow.get_space())
     for st in updates:
-        one = _filter(scop.domain, [st.name])
+        one = statements_in(scop.domain, [st.name])
         self_deps = self_deps.union(flow.union(false).intersect_domain(one).intersect_range(one))
     return Deps(flow.subtract(self_deps).coalesce(), false.subtract(self_deps).coalesce(), self_deps.coalesce())
 
 
-def _filter(domain: isl.UnionSet, names: list[str]) -> isl.UnionSet:
+def statements_in(domain: isl.UnionSet, names: list[str]) -> isl.UnionSet:
+    """The part of ``domain`` that belongs to the statements ``names``."""
     out = isl.UnionSet.empty(domain.get_space())
     sets: list[isl.Set] = []
     domain.foreach_set(sets.append)

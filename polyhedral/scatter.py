@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import islpy as isl
-
 from tcdsl.core import dtypes as T
 from tcdsl.core.checked import Binop, Const, Convert, IndexVal, Read, Select, Statement, TExpr, operands, reads
 from tcdsl.core.instance import BoundStmt, Instance
 
-from .deps import Deps
+from .deps import Deps, statements_in
 from .scop import Scop
 
 
@@ -151,11 +149,6 @@ def atomic(deps: Deps, scop: Scop) -> Deps:
              and scop.inst.checked.tensors[scop.tc_statement(st.name).tensor].dtype in ATOMIC_DTYPES]
     if not names:
         return deps
-    mine = isl.UnionSet.empty(scop.domain.get_space())
-    sets: list[isl.Set] = []
-    scop.domain.foreach_set(sets.append)
-    for st in sets:
-        if st.get_tuple_name() in names:
-            mine = mine.union(isl.UnionSet.from_set(st))
+    mine = statements_in(scop.domain, names)
     kept = deps.reduction.subtract(deps.reduction.intersect_domain(mine).intersect_range(mine))
     return replace(deps, reduction=kept.coalesce())

@@ -12,11 +12,25 @@ from typing import Any
 from .core import ast as A
 from .core import dtypes as T
 from .core.affine import FloorDiv, MinMax, Mod, Sym, Var, bounds, floordiv, mod, sign_of
-from .core.checked import Binop, Call, CheckedDef, Convert, Read, Select, Statement, Tensor, TExpr, Unop, convert, reads
+from .core.checked import (
+    Binop,
+    Call,
+    CheckedDef,
+    Convert,
+    Read,
+    Select,
+    Statement,
+    Tensor,
+    TExpr,
+    Unop,
+    convert,
+    operands,
+    reads,
+)
 from .core.errors import TcGradientError
 from .core.printer import definition, stmt
 from .core.sema import BUILTINS, check_module
-from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, read_text, rewrite
+from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, plain_var, read_text, rewrite
 from .derivative import unconditional_reads as uncond
 from .gradlines import Line, tidy
 from .grammar import parse
@@ -544,7 +558,7 @@ class _Deriver:
         pivots: dict[str, Sym] = {}
         lhs: list[str | None] = [None] * len(subs)
         for p, sub in enumerate(subs):
-            v = _plain_var(sub)
+            v = plain_var(sub)
             if v is not None and v in rng and v not in pivots:
                 lhs[p] = v
                 pivots[v] = Sym.var(v, "index")
@@ -743,7 +757,7 @@ class _Deriver:
                     or not (isinstance(e, Binop) and e.op == "/" and isinstance(e.lhs, Read)) \
                     or e.lhs.tensor != s.tensor or self.before[j].get(s.tensor) != k or not self._covers(o):
                 continue
-            plain = [_plain_var(x) for x in e.lhs.subs]
+            plain = [plain_var(x) for x in e.lhs.subs]
             names = [v for v in plain if v is not None]
             if len(names) != len(plain) or sorted(names) != sorted(o.lhs) or any(
                     not (_same(o.range(v).lo, r.lo) and _same(o.range(v).hi, r.hi)) for v, r in zip(names, s.ranges)):
@@ -781,9 +795,7 @@ def _calls(e: TExpr) -> bool:
         return True
     if isinstance(e, Read):
         return any(_calls(x) for x in e.subs if isinstance(x, TExpr))
-    return any(_calls(x) for x in (getattr(e, "arg", None), getattr(e, "lhs", None), getattr(e, "rhs", None),
-                                   getattr(e, "cond", None), getattr(e, "then", None), getattr(e, "other", None))
-               if isinstance(x, TExpr))
+    return any(_calls(x) for x in operands(e))
 
 
 def _one_line(s: Statement) -> str:
@@ -797,14 +809,6 @@ def _box(s: Statement) -> dict[str, tuple[Sym, Sym]]:
 def _as_read(e: TExpr) -> Read:
     assert isinstance(e, Read)
     return e
-
-
-def _plain_var(sub: object) -> str | None:
-    if isinstance(sub, Sym) and sub.const == 0 and len(sub.terms) == 1:
-        atom, c = sub.terms[0]
-        if c == 1 and isinstance(atom, Var) and atom.kind == "index":
-            return atom.name
-    return None
 
 
 def _substitute(e: TExpr, old: TExpr, new: TExpr) -> TExpr:

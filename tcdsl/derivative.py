@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from .core import dtypes as T
-from .core.affine import Sym
+from .core.affine import Sym, Var
 from .core.builtins import BUILTINS
 from .core.checked import Binop, Call, Const, Convert, IndexVal, Read, Select, SizeVal, TExpr, Unop, convert
 from .core.errors import TcGradientError
@@ -28,6 +28,15 @@ class IndexExpr(TExpr):
 
 def key_of(r: Read) -> Key:
     return (r.tensor, r.subs)
+
+
+def plain_var(sub: object) -> str | None:
+    """The index a subscript is, where it is one index and nothing else."""
+    if isinstance(sub, Sym) and sub.const == 0 and len(sub.terms) == 1:
+        atom, c = sub.terms[0]
+        if c == 1 and isinstance(atom, Var) and atom.kind == "index":
+            return atom.name
+    return None
 
 
 # ---- construction with folding -------------------------------------------------------------------

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .core.affine import Sym, Var
-from .core.checked import Binop, Call, Read, Select, TExpr, reads
+from .core.checked import Binop, Call, Read, Select, TExpr, operands, reads
 from .derivative import rewrite, text
 
 INLINE_OPS = 4  # most arithmetic operations a temporary may take to be substituted into its readers
@@ -164,7 +164,5 @@ def _ops(e: TExpr) -> int:
         return INLINE_OPS + 1
     if isinstance(e, Read):
         return sum(_ops(s) for s in e.subs if isinstance(s, TExpr))
-    kids = [k for k in (getattr(e, "arg", None), getattr(e, "lhs", None), getattr(e, "rhs", None),
-                        getattr(e, "cond", None), getattr(e, "then", None), getattr(e, "other", None))
-            if isinstance(k, TExpr)]
+    kids = operands(e)
     return (1 if kids else 0) + (1 if isinstance(e, Select) else 0) + sum(_ops(k) for k in kids)

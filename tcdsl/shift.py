@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .core import dtypes as T
-from .core.affine import Sym, Var
+from .core.affine import Sym
 from .core.checked import Binop, Call, CheckedDef, Const, Convert, Read, Select, Statement, TExpr, Unop, reads
+from .derivative import plain_var
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,9 @@ def _read(r: Read, changes: dict[str, Change | None]) -> Change | None:
     ch = changes.get(r.tensor, ZERO)
     if ch is ZERO or ch is UNKNOWN:
         return ch
-    key = []
-    for p in ch.key:
-        sub = r.subs[p]
-        if not (isinstance(sub, Sym) and sub.const == 0 and len(sub.terms) == 1 and sub.terms[0][1] == 1
-                and isinstance(sub.terms[0][0], Var) and sub.terms[0][0].kind == "index"):
-            return UNKNOWN  # delta taken at a computed or gathered index: not followed
-        key.append(sub.terms[0][0].name)
+    key = [plain_var(r.subs[p]) for p in ch.key]
+    if None in key:
+        return UNKNOWN  # delta taken at a computed or gathered index: not followed
     return Change(ch.kind, ch.coef, tuple(key))
 
 

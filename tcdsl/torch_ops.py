@@ -309,12 +309,13 @@ def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, 
 def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
     if any(a.is_cuda for a in args):
         return _run_cuda(e, args)
-    if e.backend is None and e.options is None:  # the kernel's repeated-call path; its fresh arrays become tensors
+    repeated = e.backend is None and e.options is None  # the kernel's repeated-call path; fresh arrays become tensors
+    if repeated:
         hot = e.kernel._hot_tensor_kernel(args)
         if hot is not None and hot.plain:  # no numpy views: the tensors' addresses
             return [torch.from_numpy(r) for r in hot.run_at([a.data_ptr() for a in args])]
     arrays = [a.detach().numpy() if a.requires_grad else a.numpy() for a in args]
-    if e.backend is None and e.options is None:
+    if repeated:
         hot = e.kernel._hot_kernel(arrays)
         res = hot.run(arrays) if hot is not None else e.kernel(*arrays)
         e.kernel._note_tensor_layout(args, arrays)
