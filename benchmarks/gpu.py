@@ -305,6 +305,18 @@ LAYERNORM = """def layernorm(float(N,D) X) -> (Y) {
     v(n) +=! (X(n,r_d) - mu(n)) * (X(n,r_d) - mu(n))
     Y(n,d) = (X(n,d) - mu(n)) * rsqrt(v(n) / float(D) + 1e-5)
 }"""
+CONV2D = """def conv2d(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
+}"""
+MAXPOOL = """def maxpool(float(N,C,H,W) X) -> (Y) {
+    Y(n,c,h,w) max=! X(n,c,2*h + r_i,2*w + r_j) where r_i in 0:2, r_j in 0:2
+}"""
+TOTAL = "def total(float(N) A) -> (S) { S() +=! A(r_n) }"
+ELEMENTWISE = "def tanh_fma(float(N) A, float(N) B, float(N) C) -> (O) { O(i) = tanh(A(i) * B(i) + C(i)) }"
+TRANSPOSE = "def transpose(float(M,N) A) -> (O) { O(j,i) = A(i,j) }"
+BAG_GRAD = """def bag_grad(float(B,D) G, int64(B,L) Idx) -> (T) {
+    T(x,d) +=! (x == Idx(b,l)) ? G(b,d) : 0.0 where x in 0:VOCAB, d in 0:D, b in 0:B, l in 0:L
+}"""
 
 
 @dataclass
@@ -315,17 +327,22 @@ class Bench:
     shapes: list[tuple[int, ...]]
     flops: float = 0.0  # arithmetic kernels: GFLOP/s column
     nbytes: float = 0.0  # memory-bound kernels: GB/s column (each tensor read or written once)
+    index: tuple[int, int] | None = None  # (input position, n): that input is int64, drawn from 0..n-1
+    tol: float = BENCH_TOL  # max |tcdsl - torch| / max |torch|
 
 
 def benches(size: str) -> list[Bench]:
     """size: full (the H200 run), quick (--quick on CUDA), tiny (--backend opencl)."""
     S = {
         "full": dict(mm=4096, tmm=(128, 16384, 4096), bmm=(500, 26, 72, 26), gc=(32, 32, 16, 16, 56),
-                     fc=(512, 4096, 4096), sm=(32768, 1024)),
+                     fc=(512, 4096, 4096), sm=(32768, 1024), cv=(32, 64, 64, 56), mp=(32, 64, 112),
+                     ew=1 << 26, tr=8192, bag=(50000, 256, 4096, 32)),
         "quick": dict(mm=1024, tmm=(128, 2048, 1024), bmm=(500, 26, 72, 26), gc=(8, 8, 16, 16, 28),
-                      fc=(128, 1024, 1024), sm=(4096, 1024)),
+                      fc=(128, 1024, 1024), sm=(4096, 1024), cv=(8, 32, 32, 28), mp=(8, 32, 56),
+                      ew=1 << 22, tr=2048, bag=(5000, 128, 512, 16)),
         "tiny": dict(mm=100, tmm=(20, 150, 70), bmm=(20, 26, 72, 26), gc=(2, 4, 8, 8, 12),
-                     fc=(32, 128, 96), sm=(64, 200)),
+                     fc=(32, 128, 96), sm=(64, 200), cv=(2, 3, 5, 14), mp=(2, 3, 14),
+                     ew=5000, tr=70, bag=(300, 24, 40, 5)),
     }[size]
     m = S["mm"]
     tm, tn, tk = S["tmm"]
@@ -334,6 +351,11 @@ def benches(size: str) -> list[Bench]:
     fb, fm, fn = S["fc"]
     sn, sd = S["sm"]
     go = gh - 2
+    cn, cc, cf, ch = S["cv"]
+    pn, pc, ph = S["mp"]
+    ew, tr = S["ew"], S["tr"]
+    vocab, bd, bb2, bl = S["bag"]
+    co = ch - 2
     return [
         Bench("matmul", f"{m}x{m}x{m}", MATMUL, [(m, m), (m, m)], flops=2 * m**3),
         Bench("tmm", f"{tm}x{tn}x{tk}, C=A*B^T", TMM, [(tm, tk), (tn, tk)], flops=2 * tm * tn * tk),
@@ -343,10 +365,20 @@ def benches(size: str) -> list[Bench]:
         Bench("fc_relu", f"{fb}x{fm} -> {fn}", FC_RELU, [(fb, fm), (fn, fm), (fn,)], flops=2 * fb * fm * fn),
         Bench("softmax", f"{sn}x{sd}", SOFTMAX, [(sn, sd)], nbytes=2 * 4 * sn * sd),
         Bench("layernorm", f"{sn}x{sd}", LAYERNORM, [(sn, sd)], nbytes=2 * 4 * sn * sd),
+        Bench("conv2d", f"N{cn} C{cc} F{cf} {ch}x{ch} 3x3", CONV2D, [(cn, cc, ch, ch), (cf, cc, 3, 3)],
+              flops=2 * cn * cf * cc * co * co * 9),
+        Bench("maxpool", f"{pn}x{pc}x{ph}x{ph} 2x2", MAXPOOL, [(pn, pc, ph, ph)], nbytes=4 * pn * pc * ph * ph * 5 / 4),
+        # one float32 sum of N terms: its rounding error grows with N (sqrt(N) * 2^-24 for a sequential sum of
+        # normal values, relative to the sum's own size of about sqrt(N)), so the bound scales with the terms
+        Bench("sum", f"{ew}", TOTAL, [(ew,)], nbytes=4 * ew, tol=max(BENCH_TOL, 4 * ew**0.5 * 2.0**-24 * 10)),
+        Bench("tanh_fma", f"{ew}", ELEMENTWISE, [(ew,)] * 3, nbytes=4 * 4 * ew),
+        Bench("transpose", f"{tr}x{tr}", TRANSPOSE, [(tr, tr)], nbytes=2 * 4 * tr * tr),
+        Bench("bag_grad", f"V{vocab} D{bd} B{bb2} L{bl} (scatter-add)", BAG_GRAD.replace("VOCAB", str(vocab)),
+              [(bb2, bd), (bb2, bl)], nbytes=4 * (2 * bb2 * bl * bd + vocab * bd), index=(1, vocab)),
     ]
 
 
-def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
+def torch_impls(torch: Any, b: Bench) -> dict[str, Callable[..., Any]]:
     F = torch.nn.functional
 
     def group_conv(I: Any, W: Any) -> Any:
@@ -354,6 +386,12 @@ def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
         _, Fo, _, KH, KW = W.shape
         O = F.conv2d(I.reshape(N, G * C, H, Wd), W.reshape(G * Fo, C, KH, KW), groups=G)
         return O.reshape(N, G, Fo, O.shape[2], O.shape[3])
+
+    def bag_grad(G: Any, Idx: Any) -> Any:
+        vocab = b.index[1] if b.index else 0
+        rows = Idx.shape[1]
+        return torch.zeros(vocab, G.shape[1], device=G.device, dtype=G.dtype).index_add_(
+            0, Idx.reshape(-1), G.repeat_interleave(rows, dim=0))
 
     return {
         "matmul": torch.matmul,
@@ -363,6 +401,12 @@ def torch_impls(torch: Any) -> dict[str, Callable[..., Any]]:
         "fc_relu": lambda I, W1, B1: F.relu(F.linear(I, W1, B1)),
         "softmax": lambda X: torch.softmax(X, dim=1),
         "layernorm": lambda X: F.layer_norm(X, X.shape[1:]),
+        "conv2d": F.conv2d,
+        "maxpool": lambda X: F.max_pool2d(X, 2),
+        "sum": lambda A: A.sum(),
+        "tanh_fma": lambda A, B, C: torch.tanh(A * B + C),
+        "transpose": lambda A: A.t().contiguous(),
+        "bag_grad": bag_grad,
     }
 
 
@@ -479,7 +523,10 @@ def max_rel_err(got: np.ndarray, want: np.ndarray) -> float:
 def run_bench(tc: Any, b: Bench, dev: Device, options: Any, target: float, fixed: int | None) -> Result:
     r = Result(b)
     rng = np.random.default_rng(2026)
-    host = [rng.standard_normal(s, dtype=np.float32) for s in b.shapes]
+    host: list[np.ndarray] = [rng.standard_normal(s, dtype=np.float32) for s in b.shapes]
+    if b.index is not None:
+        at, n = b.index
+        host[at] = rng.integers(0, n, b.shapes[at], dtype=np.int64)
     got: np.ndarray | None = None
     try:
         got = time_tcdsl(tc, b, r, host, dev, options, target, fixed)
@@ -492,7 +539,7 @@ def run_bench(tc: Any, b: Bench, dev: Device, options: Any, target: float, fixed
     torch = dev.torch
     if torch is not None:
         try:
-            fn = torch_impls(torch)[b.name]
+            fn = torch_impls(torch, b)[b.name]
             t_in = [dev.to_torch(a) for a in host]
             with torch.no_grad():
                 want = dev.host(fn(*t_in))
@@ -508,7 +555,7 @@ def run_bench(tc: Any, b: Bench, dev: Device, options: Any, target: float, fixed
                 r.status, r.note = "MISMATCH", r.note + f"shape {got.shape}, torch {want.shape}; "
             else:
                 r.rel_err = max_rel_err(got, want)
-                if not np.isfinite(r.rel_err) or r.rel_err > BENCH_TOL:
+                if not np.isfinite(r.rel_err) or r.rel_err > b.tol:
                     r.status = "MISMATCH"
             del t_in
         except Exception as e:  # noqa: BLE001 - a torch failure leaves tcdsl's figures standing
@@ -549,7 +596,7 @@ def time_tcdsl(tc: Any, b: Bench, r: Result, host: list[np.ndarray], dev: Device
             r.reps["kernels"] = nk
             why = raw.check()
             rerr = max((max_rel_err(dev.host(o), dev.host(c)) for o, c in zip(raw.outputs, as_tuple(out))), default=0)
-            if why or rerr > BENCH_TOL:
+            if why or rerr > b.tol:
                 r.kernel_ms = None
                 r.note += f"relaunch disagrees with the call ({why or f'rel err {rerr:.1e}'}); "
         except Exception as e:  # noqa: BLE001 - internals of the runtime; the call time still stands

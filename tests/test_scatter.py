@@ -146,8 +146,8 @@ def test_gpu_scatters_add_atomically_in_parallel(dtype: str, idx_type: str) -> N
     """On the GPU mappings the table's initialisation is a kernel of its own and the scatter runs
     every (bag, position) point in parallel, adding atomically (OpenCL: PoCL on any machine, against
     np.add.at, duplicate, negative and out-of-range rows included); the CUDA text uses atomicAdd and
-    compiles for sm_90 with no spills."""
-    from conftest import has_opencl
+    compiles for sm_90 with no spills, and runs where a CUDA device is."""
+    from conftest import has_cuda, has_opencl
 
     from tcdsl.codegen import nvrtc
     from tcdsl.polyhedral import gpucheck
@@ -188,3 +188,11 @@ def bag_grad({ctype}(B, D) G, {idx_type}(B, L) Idx) -> (T) {{
         assert f"tc_atomic_add_{dtype}(&" in text
         out = nvrtc.compile_cuda(text, "sm_90")
         assert all(v == 0 for v in out.spills().values()), out.log
+    if has_cuda():  # pragma: no cover - runs where a GPU is
+        import cupy
+
+        got = cupy.asnumpy(k(cupy.asarray(g), cupy.asarray(idx)))
+        if dtype == "int32":
+            np.testing.assert_array_equal(got, scatter(g))
+        else:
+            assert_sum_close(got, scatter, g, terms=B * L)
