@@ -811,44 +811,49 @@ def _check_arity(checked: CheckedDef, args: Sequence[Any]) -> None:
 
 
 def _coerce_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[np.ndarray]:
-    ins = checked.inputs
     _check_arity(checked, args)
-    out = []
-    for t, x in zip(ins, args):
-        if not t.dims and isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
-            kind_ok = T.is_float(t.dtype) or isinstance(x, (bool, int))
-            if not kind_ok:
-                raise TcArgumentError(f"'{t.name}' is {t.dtype} but the argument is the float {x!r}",
-                                      t.span.location())
-            try:
-                out.append(np.asarray(x, dtype=t.dtype))
-            except OverflowError:
-                raise TcArgumentError(f"'{t.name}' is {t.dtype} but {x!r} does not fit in it",
-                                      t.span.location()) from None
-            continue
-        if t.dims and isinstance(x, (bool, int, float, np.generic)):
-            raise TcArgumentError(f"'{t.name}' is declared with {len(t.dims)} dims but the argument is the scalar "
-                                  f"{x!r}", t.span.location())
-        a = _as_array(x, t.name, t.span.location())
-        got = T.from_numpy(a.dtype)
-        if got != t.dtype:
-            hint = f" (convert it with .astype(np.{t.dtype}), or call {checked.name}.double(), the def in float64)" \
-                if got == "float64" and t.dtype in ("float32", "float16") else ""
-            raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}{hint}",
+    return [_coerce_input(checked, t, x) for t, x in zip(checked.inputs, args)]
+
+
+def _coerce_input(checked: CheckedDef, t: Any, x: Any) -> np.ndarray:
+    """One host argument as a numpy array of its parameter's type (a Python scalar for a scalar
+    parameter included), or a located error."""
+    if not t.dims and isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        kind_ok = T.is_float(t.dtype) or isinstance(x, (bool, int))
+        if not kind_ok:
+            raise TcArgumentError(f"'{t.name}' is {t.dtype} but the argument is the float {x!r}",
                                   t.span.location())
-        out.append(a)
-    return out
+        try:
+            return np.asarray(x, dtype=t.dtype)
+        except OverflowError:
+            raise TcArgumentError(f"'{t.name}' is {t.dtype} but {x!r} does not fit in it",
+                                  t.span.location()) from None
+    if t.dims and isinstance(x, (bool, int, float, np.generic)):
+        raise TcArgumentError(f"'{t.name}' is declared with {len(t.dims)} dims but the argument is the scalar "
+                              f"{x!r}", t.span.location())
+    a = _as_array(x, t.name, t.span.location())
+    got = T.from_numpy(a.dtype)
+    if got != t.dtype:
+        hint = f" (convert it with .astype(np.{t.dtype}), or call {checked.name}.double(), the def in float64)" \
+            if got == "float64" and t.dtype in ("float32", "float16") else ""
+        raise TcArgumentError(f"'{t.name}' is declared {t.dtype} but the argument has dtype {a.dtype}{hint}",
+                              t.span.location())
+    return a
 
 
 def _coerce_any_inputs(checked: CheckedDef, args: Sequence[Any]) -> list[Any]:
     """Host arrays as ``_coerce_inputs`` makes them; cupy arrays (on a CUDA device) checked the
-    same way (count, rank, dtype) and passed through."""
+    same way (count, rank, dtype) and passed through. A scalar parameter may stay on the host beside
+    device arrays (a Python or numpy scalar, or a 0-d array): the call copies it to the device."""
     if not any(gpurt.is_device_array(a) for a in args):
         return list(_coerce_inputs(checked, args))
     ins = checked.inputs
     _check_arity(checked, args)
     out = []
     for t, x in zip(ins, args):
+        if not t.dims and not gpurt.is_device_array(x) and np.ndim(x) == 0:
+            out.append(_coerce_input(checked, t, x))
+            continue
         if not gpurt.is_device_array(x):
             raise TcArgumentError(f"'{t.name}' is on the host while other arguments are on a CUDA device",
                                   t.span.location())

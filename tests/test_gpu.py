@@ -412,3 +412,29 @@ def test_gather_out_of_range_is_reported_on_opencl():
     k = tc.define("def g(float(V, D) T, int32(B) I) -> (O) { O(b, d) = T(I(b), d) }")
     with pytest.raises(tc.TcRuntimeError, match="out of range"):
         k(f32(4, 3), np.array([0, 9], dtype=np.int32), backend="opencl")
+
+
+class _OnDevice:
+    """Stands for a cupy array where there is no device: the argument checks know device arrays by
+    their type's module, and read only its shape, strides and dtype."""
+
+    __module__ = "cupy._core.core"
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.shape, self.strides, self.dtype, self.ndim = a.shape, a.strides, a.dtype, a.ndim
+
+
+def test_scalar_parameters_stay_on_the_host_beside_device_arrays():
+    """A Python or numpy scalar for a scalar parameter goes with device arrays (the call copies it);
+    a host array for an array parameter does not, and a scalar is still checked against its type."""
+    k = tc.define("def axpy(float alpha, float(N) X, float(N) Y) -> (Z) { Z(i) = alpha * X(i) + Y(i) }")
+    x = _OnDevice(f32(5))
+    for alpha in (0.75, np.float32(0.75), np.array(0.75, np.float32)):
+        assert "alpha" in k.lowered_gpu(alpha, x, x, backend="cuda").source.text
+    with pytest.raises(TcArgumentError, match="'Y' is on the host"):
+        k.lowered_gpu(0.75, x, f32(5), backend="cuda")
+    with pytest.raises(TcArgumentError, match="'alpha' is declared float32 but the argument has dtype float64"):
+        k.lowered_gpu(np.float64(0.75), x, x, backend="cuda")
+    n = tc.define("def scale(int32 n, float(N) X) -> (Z) { Z(i) = X(i) * float(n) }")
+    with pytest.raises(TcArgumentError, match="'n' is int32 but the argument is the float 0.5"):
+        n.lowered_gpu(0.5, x, backend="cuda")
