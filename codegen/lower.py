@@ -14,6 +14,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
     pack        the operand a vector tile loads along its rows copied into contiguous panels
     fuse        nests of one statement's pieces that share their outer parallel loops run them once
+    siblings    independent nests that run the same outer loops and read a tensor in common run them once
     split       compiler-vectorised tile loops cut into whole vectors and the rest
     unroll      short innermost loops unrolled (the ``unroll`` option)
     parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
@@ -638,6 +639,79 @@ def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
     return node
 
 
+# ---- siblings ----
+def fuse_siblings(ir: LoopIR, f: Facts) -> LoopIR:
+    """Two top-level nests of different statements whose outer loops are the same (bounds, steps,
+    parallel or serial) and that read a tensor in common run those loops once, each nest's rest in
+    turn inside them, so the common tensor comes from memory once: layernorm's backward sums d_Y
+    down its columns for the gain's gradient and for the bias's, in two nests of the same tiles.
+    Legal where neither nest writes what the other reads or writes, and the later nest, which moves
+    up to the earlier, neither writes what the nests between them read or write nor reads what they
+    write: then no dependence joins them, and any interleaving of their iterations computes the
+    same values. Temporaries that share a buffer (the share pass) stay where they are."""
+    body = list(ir.body)
+    sharing = {x for t, o in ir.owners if t != o for x in (t, o)}
+    i = 0
+    while i < len(body):
+        j = i + 1
+        while j < len(body):
+            fused = _sibling(body[i], body[j], body[i + 1:j], f, sharing)
+            if fused is None:
+                j += 1
+            else:
+                body[i] = fused
+                del body[j]
+        i += 1
+    return ir if len(body) == len(ir.body) else replace(ir, body=tuple(body))
+
+
+def _touches(n: LNode, f: Facts) -> tuple[set[str], set[str]]:
+    """The tensors a nest reads and those it writes (statements' targets; the tensors of packs,
+    resets and transposes count as both)."""
+    rd: set[str] = set()
+    wr: set[str] = set()
+    for x in walk((n,)):
+        calls = [x] if isinstance(x, LCall) else [c for c in (getattr(x, "call", None),) if isinstance(c, LCall)]
+        for c in calls:
+            st = f.scop.tc_statement(c.stmt)
+            wr.add(st.tensor)
+            rd.update(r.tensor for r in reads(st.rhs))
+        for name in (getattr(x, "tensor", None), getattr(x, "owner", None), getattr(x, "source", None)):
+            if isinstance(name, str) and not isinstance(x, LDecl):
+                rd.add(name)
+                wr.add(name)
+    return rd, wr
+
+
+def _sibling(a: LNode, b: LNode, between: list[LNode], f: Facts, sharing: set[str]) -> LNode | None:
+    if not (isinstance(a, LFor) and isinstance(b, LFor)):
+        return None
+    (ra, wa), (rb, wb) = _touches(a, f), _touches(b, f)
+    if not ra & rb or wa & (rb | wb) or wb & ra or (ra | wa | rb | wb) & sharing:
+        return None
+    for m in between:
+        rm, wm = _touches(m, f)
+        if wm & (rb | wb) or wb & rm:
+            return None
+    shared: list[tuple[LFor, LFor]] = []
+    la, lb = a, b
+    while ((la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
+           == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)
+           and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll or la.tile or lb.tile
+                    or la.vector is not None or lb.vector is not None)):
+        shared.append((la, lb))
+        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
+                and isinstance(lb.body[0], LFor)):
+            break
+        la, lb = la.body[0], lb.body[0]
+    if not shared:
+        return None
+    inner = shared[-1][0].body + shared[-1][1].body
+    for x, _ in reversed(shared):
+        inner = (replace(x, body=inner),)
+    return inner[0]
+
+
 # ---- split ----
 def split_tiles(ir: LoopIR, f: Facts) -> LoopIR:
     """A compiler-vectorised tile loop whose constant trip count is not a whole number of vectors
@@ -709,6 +783,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("vectorise", vectorise),
     ("pack", pack_panels),
     ("fuse", fuse_pieces),
+    ("siblings", fuse_siblings),
     ("split", split_tiles),
     ("unroll", unroll),
     ("parallel", collapse),

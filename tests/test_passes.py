@@ -25,7 +25,7 @@ from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcRuntimeError
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
-from tcdsl.polyhedral.loopir import LFor, LInt, LOp, LVar, expr_value, loop_values
+from tcdsl.polyhedral.loopir import LCall, LFor, LInt, LOp, LVar, expr_value, loop_values, walk
 from tcdsl.tuner import space as S
 
 try:
@@ -176,3 +176,69 @@ def test_loop_values_enumerate_the_bounds_a_tile_reads() -> None:
     assert expr_value(LOp("?:", (LOp("<", (LInt(1), LInt(2))), LInt(5), LInt(6))), {}) == 5
     assert expr_value(LOp("mod", (LInt(7), LInt(0))), {}) is None
     assert expr_value(LOp("+", (LVar("x"), LInt(1))), {}) is None
+
+
+SIBLINGS = """
+def sums(float(N, D) X, float(N, D) Y) -> (A, T, B) {{
+  A(d) +=! X(n, d) * Y(n, d)
+  T(n, d) = X(n, d) * 2.0
+  B(d) +=! {b} * X(n, d)
+}}
+"""
+
+
+@pytest.mark.parametrize("cpu", _runnable())
+@pytest.mark.parametrize("b_reads", ["Y(n, d)", "T(n, d)"])
+def test_independent_nests_of_the_same_loops_run_them_once(b_reads: str, cpu: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The siblings pass: two column sums of X in nests of the same loops, a row nest between them.
+    B's nest joins A's where B reads Y (nothing the row nest writes), and stays after the row nest
+    where B reads T, which the row nest writes. Either way the kernel computes what the interpreter
+    does (sizes that are not multiples of the tiles)."""
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    k = tc.define(SIBLINGS.format(b=b_reads))
+    rng = np.random.default_rng(5)
+    X, Y = (rng.standard_normal((301, 203)).astype(np.float32) for _ in range(2))
+    low = k.lowered(X, Y)
+    before, after = (dict(low.passes)[name] for name in ("fuse", "siblings"))
+    tops = [[c.stmt for c in walk((n,)) if isinstance(c, LCall)] for n in after.body]
+    if b_reads == "T(n, d)":
+        assert after.body == before.body
+        assert [s for s in map(set, tops) if s & {"S1", "S3"}] == [{"S1"}, {"S3"}]
+    else:
+        assert len(after.body) == len(before.body) - 1
+        both = next(t for t in tops if "S1" in t)
+        assert "S3" in both and both.index("S1") < both.index("S3")
+    got = k(X, Y)
+    want = k(X, Y, backend="numpy")
+    for g, w in zip(got, want):
+        assert_matches(g, w, 301, f"sums with B reading {b_reads} on {cpu}")
+
+
+def test_the_gain_and_bias_gradients_of_layernorm_read_d_y_once() -> None:
+    """In layernorm's derived backward, d_G and d_Bt are both column sums of d_Y over the same tiles:
+    after the siblings pass they share one nest, and the backward still matches the interpreter."""
+    k = tc.define("""
+def layernorm(float(N, D) X, float(D) G, float(D) Bt) -> (Y) {
+    mean(n) +=! X(n, d) / D
+    xc(n, d) = X(n, d) - mean(n)
+    var(n) +=! xc(n, d) * xc(n, d) / D
+    Y(n, d) = xc(n, d) * rsqrt(var(n) + 1e-5) * G(d) + Bt(d)
+}
+""")
+    bwd = tc.define(k.backward_source())
+    rng = np.random.default_rng(6)
+    N, D = 150, 260
+    X = rng.standard_normal((N, D)).astype(np.float32)
+    mean = X.mean(1).astype(np.float32)
+    var = ((X - mean[:, None]) ** 2).mean(1).astype(np.float32)
+    args = [X, rng.standard_normal(D).astype(np.float32), rng.standard_normal(D).astype(np.float32), mean, var,
+            rng.standard_normal((N, D)).astype(np.float32)]
+    low = bwd.lowered(*args)
+    of = {low.scop.tc_statement(st.name).tensor: st.name for st in low.scop.stmts if st.kind == "update"}
+    before, after = (dict(low.passes)[name] for name in ("fuse", "siblings"))
+    assert len(after.body) == len(before.body) - 1
+    nests = [{c.stmt for c in walk((n,)) if isinstance(c, LCall)} for n in after.body]
+    assert any({of["d_G"], of["d_Bt"]} <= s for s in nests), str(after)
+    for g, w in zip(bwd(*args), bwd(*args, backend="numpy")):
+        assert_matches(g, w, N * 4, "layernorm's backward")
