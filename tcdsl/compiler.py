@@ -15,6 +15,7 @@ import ctypes
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,6 +189,8 @@ class CKernel:
         self._params = len(low.source.params)
         self._temps = [(position[t.name], buffers.get(t.name, 0), t.dtype, t.name not in self.unwritten_ok)
                        for t in c.temps if t.name in position]
+        self._plain = self._nonempty and not self._temps
+        self._errors = threading.local()  # run_at's error record, one per calling thread, reused
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
@@ -225,8 +228,8 @@ class CKernel:
         """Run on ``inputs`` (in the def's order, C-ready); results go to ``outputs`` where given
         (C-contiguous, in the def's order), else to fresh arrays; returns the output arrays. A
         repeated call's fast path: its plan is made once, in ``__init__``."""
-        if outputs is None and self._nonempty and not self._temps:
-            return self._run_plain(inputs)
+        if outputs is None and self._plain:  # the repeated call's path, a few microseconds of Python
+            return self.run_at([_address(a) for a in inputs])
         addresses = [0] * (self._params + 1)  # every parameter is a tensor of the def, then the error record
         held = []  # what the addresses point into, alive until the call returns
         # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
@@ -259,15 +262,10 @@ class CKernel:
             raise self._error(int(err[0]), int(err[1]))
         return made
 
-    def _run_plain(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``run`` with fresh outputs, no empty tensor and no temporary buffer: the repeated call's
-        path, a few microseconds of Python."""
-        return self.run_at([_address(a) for a in inputs])
-
     @property
     def plain(self) -> bool:
         """Whether ``run_at`` can run it: no empty tensor, no temporary buffer."""
-        return self._nonempty and not self._temps
+        return self._plain
 
     def run_at(self, inputs: Sequence[int]) -> list[np.ndarray]:
         """``run`` with fresh outputs on inputs given by the addresses of their first elements
@@ -283,10 +281,16 @@ class CKernel:
             made.append(o)
             if at is not None:
                 addresses[at] = _address(o)
-        err = np.zeros(2, dtype=np.int64)
-        addresses[-1] = _addressof(_char_at(err))
+        try:
+            err, addresses[-1] = self._errors.record
+        except AttributeError:  # this thread's first call
+            err = np.zeros(2, dtype=np.int64)
+            self._errors.record = (err, _addressof(_char_at(err)))
+            addresses[-1] = self._errors.record[1]
         if self.fn(*addresses):
-            raise self._error(int(err[0]), int(err[1]))
+            code, value = int(err[0]), int(err[1])
+            err[:] = 0  # the record is this thread's next call's too: the kernel writes only into a clear one
+            raise self._error(code, value)
         return made
 
     def _error(self, code: int, value: int) -> TcRuntimeError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -677,6 +678,29 @@ def test_repeated_call_errors_are_located() -> None:
         with pytest.raises(tc.TcRuntimeError, match="out of range") as e:
             k(X, bad)
         assert e.value.location is not None and e.value.location.line == 1
+
+
+def test_each_failing_repeated_call_reports_its_own_value() -> None:
+    """Repeated calls reuse one error record per thread: a failure reports the value of its own
+    call, never one left from an earlier failure, in this thread or another."""
+    k = tc.define("def pick(float(N) X, int32(M) I) -> (Y) { Y(m) = X(I(m)) }", backend="c")
+    X = np.arange(4, dtype=np.float32)
+    k(X, np.array([0, 3], np.int32))
+    seen: list[str] = []
+
+    def fail(at: int) -> None:
+        with pytest.raises(tc.TcRuntimeError, match=f"read at {at}, outside 0:4") as e:
+            k(X, np.array([0, at], np.int32))
+        seen.append(str(e.value))
+
+    for at in (9, 7):
+        fail(at)
+    worker = threading.Thread(target=fail, args=(5,))
+    worker.start()
+    worker.join()
+    fail(6)
+    assert len(seen) == 4
+    np.testing.assert_array_equal(k(X, np.array([3, 1], np.int32)), [3.0, 1.0])
 
 
 def test_instance_sizes_and_ranges(mm: tc.Kernel) -> None:
