@@ -8,10 +8,12 @@ usage: python benchmarks/gpu.py [--backend cuda|opencl] [--quick] [--only NAME[,
    chosen GPU backend and is compared with tcdsl's interpreter (``backend="numpy"``), with the
    case's own tolerance (relative 2-norm error, as ``conformance/run.py``). On CUDA each case runs
    twice: numpy arrays in (copied to the device, numpy out) and cupy arrays in (cupy out).
-2. Seven kernels are timed against torch on the same device (cuBLAS / cuDNN; TF32 off unless
-   --tf32, so both sides compute in fp32): matmul 4096^3, tmm 128x16384x4096 (C = A * B^T), batched
-   matmul 500x26x72x26, group conv N32 G32 C=F=16 56x56 3x3, fused FC+bias+relu, softmax and
-   layernorm, with the naive (default) mapping options unless --options says otherwise.
+2. Thirteen kernels are timed against torch on the same device (cuBLAS / cuDNN and torch's own
+   kernels; TF32 off unless --tf32, so both sides compute in fp32): matmul 4096^3, tmm
+   128x16384x4096 (C = A * B^T), batched matmul 500x26x72x26, group conv N32 G32 C=F=16 56x56 3x3,
+   fused FC+bias+relu, softmax, layernorm, conv2d N32 C64 F64 56x56 3x3, 2x2 max pooling, the sum
+   of 64M floats, an elementwise tanh(A * B + C), an 8192^2 transpose and an embedding bag's table
+   gradient (a scatter-add), with the naive (default) mapping options unless --options says otherwise.
 
 Timing: a first call (compile + run, reported as "first s"), two warm-up calls, then N timed calls
 (N sized to about --target seconds per contender, 3 at least, 1 for calls over 2 s; --reps fixes
