@@ -605,15 +605,9 @@ def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
     s = f.scop.tc_statement(name)
     if st.kind != "update" or any(r.tensor == s.tensor for r in reads(s.rhs)):
         return None
-    shared: list[tuple[LFor, LFor]] = []
-    la, lb = pa[1], pb[1]
-    while (la.var, la.init, la.cond, la.step) == (lb.var, lb.init, lb.cond, lb.step) and la.parallel and lb.parallel \
-            and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll):
-        shared.append((la, lb))
-        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
-                and isinstance(lb.body[0], LFor)):
-            break
-        la, lb = la.body[0], lb.body[0]
+    shared = _shared_loops(pa[1], pb[1], lambda la, lb: (
+        (la.var, la.init, la.cond, la.step) == (lb.var, lb.init, lb.cond, lb.step) and la.parallel and lb.parallel
+        and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll)))
     if not shared:
         return None
     trips = [trip_count(x) for x, _ in shared]
@@ -693,23 +687,31 @@ def _sibling(a: LNode, b: LNode, between: list[LNode], f: Facts, sharing: set[st
         rm, wm = _touches(m, f)
         if wm & (rb | wb) or wb & rm:
             return None
-    shared: list[tuple[LFor, LFor]] = []
-    la, lb = a, b
-    while ((la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
-           == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)
-           and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll or la.tile or lb.tile
-                    or la.vector is not None or lb.vector is not None)):
-        shared.append((la, lb))
-        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
-                and isinstance(lb.body[0], LFor)):
-            break
-        la, lb = la.body[0], lb.body[0]
+    shared = _shared_loops(a, b, lambda la, lb: (
+        (la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
+        == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)
+        and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll or la.tile or lb.tile
+                 or la.vector is not None or lb.vector is not None)))
     if not shared:
         return None
     inner = shared[-1][0].body + shared[-1][1].body
     for x, _ in reversed(shared):
         inner = (replace(x, body=inner),)
     return inner[0]
+
+
+def _shared_loops(a: LFor, b: LFor, same: Callable[[LFor, LFor], bool]) -> list[tuple[LFor, LFor]]:
+    """The loops two nests can run once, from their roots down: pairs for which ``same`` holds,
+    each below the previous pair as the only node of both bodies."""
+    shared: list[tuple[LFor, LFor]] = []
+    la, lb = a, b
+    while same(la, lb):
+        shared.append((la, lb))
+        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
+                and isinstance(lb.body[0], LFor)):
+            break
+        la, lb = la.body[0], lb.body[0]
+    return shared
 
 
 # ---- split ----
