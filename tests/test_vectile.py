@@ -294,7 +294,7 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     lanes = target.lanes(dtype)
     parts = min(4, D // lanes)
     rest = f" + {D % lanes} masked" if D % lanes else ""
-    text = lower.trace(k.lowered(X, Y).passes)
+    text = str(k.lowered(X, Y).lowered_ir)  # the IR the emitter prints, after every pass
     assert text.count(f"(simd; vector {parts} x {lanes} lanes{rest})") == 5, text
     S, P, MX, MN, Q = k(X, Y)
     X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
