@@ -438,7 +438,7 @@ class Kernel:
         for a in args:
             if type(a) is not np.ndarray:
                 return None
-            key.append((a.shape, a.dtype.str, a.strides))
+            key.append((a.shape, a.dtype, a.strides))
         return self._hot_hit(tuple(key))
 
     def _hot_tensor_kernel(self, tensors: Sequence[Any]) -> CKernel | None:
@@ -782,8 +782,9 @@ def _as_array(x: Any, what: str, where: Location | None = None) -> np.ndarray:
 
 
 def _layout_key(arrays: Sequence[np.ndarray]) -> tuple:
-    """What a compiled kernel depends on in its arguments: their shapes, dtypes and byte strides."""
-    return tuple((a.shape, a.dtype.str, a.strides) for a in arrays)
+    """What a compiled kernel depends on in its arguments: their shapes, dtypes and byte strides
+    (the dtype objects, byte order included: hashed faster than their ``.str``)."""
+    return tuple((a.shape, a.dtype, a.strides) for a in arrays)
 
 
 def _tensor_key(tensors: Sequence[Any]) -> tuple:

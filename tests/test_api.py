@@ -657,6 +657,9 @@ def test_repeated_calls_follow_what_the_call_depends_on(monkeypatch: pytest.Monk
     At = np.asfortranarray(A)  # same shape, other strides: the kernel for those strides
     assert_sum_close(k(At, B), np.matmul, A, B, terms=7)
     assert_sum_close(k(A[:, ::-1][:, ::-1], B), np.matmul, A, B, terms=7)
+    swapped = A.astype(A.dtype.newbyteorder())  # same shape and strides, the other byte order
+    assert_sum_close(k(swapped, B), np.matmul, A, B, terms=7)
+    assert_sum_close(k(A, B), np.matmul, A, B, terms=7)
     built = k.compile_count
     k.options = tc.MappingOptions(tile=(2, 2))
     assert_sum_close(k(A, B), np.matmul, A, B, terms=7)
