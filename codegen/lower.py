@@ -644,17 +644,19 @@ def fuse_siblings(ir: LoopIR, f: Facts) -> LoopIR:
     write: then no dependence joins them, and any interleaving of their iterations computes the
     same values. Temporaries that share a buffer (the share pass) stay where they are."""
     body = list(ir.body)
+    touched = [_touches(n, f) for n in body]  # (reads, writes) of each top-level node
     sharing = {x for t, o in ir.owners if t != o for x in (t, o)}
     i = 0
     while i < len(body):
         j = i + 1
         while j < len(body):
-            fused = _sibling(body[i], body[j], body[i + 1:j], f, sharing)
+            fused = _sibling(body[i], body[j], touched[i:j + 1], sharing)
             if fused is None:
                 j += 1
             else:
                 body[i] = fused
-                del body[j]
+                touched[i] = (touched[i][0] | touched[j][0], touched[i][1] | touched[j][1])
+                del body[j], touched[j]
         i += 1
     return ir if len(body) == len(ir.body) else replace(ir, body=tuple(body))
 
@@ -677,16 +679,16 @@ def _touches(n: LNode, f: Facts) -> tuple[set[str], set[str]]:
     return rd, wr
 
 
-def _sibling(a: LNode, b: LNode, between: list[LNode], f: Facts, sharing: set[str]) -> LNode | None:
+def _sibling(a: LNode, b: LNode, touched: list[tuple[set[str], set[str]]], sharing: set[str]) -> LNode | None:
+    """``a`` and ``b`` run once in their shared loops, or None; ``touched``: what ``a``, the nodes
+    between them and ``b`` read and write, in order."""
     if not (isinstance(a, LFor) and isinstance(b, LFor)):
         return None
-    (ra, wa), (rb, wb) = _touches(a, f), _touches(b, f)
+    (ra, wa), (rb, wb) = touched[0], touched[-1]
     if not ra & rb or wa & (rb | wb) or wb & ra or (ra | wa | rb | wb) & sharing:
         return None
-    for m in between:
-        rm, wm = _touches(m, f)
-        if wm & (rb | wb) or wb & rm:
-            return None
+    if any(wm & (rb | wb) or wb & rm for rm, wm in touched[1:-1]):
+        return None
     shared = _shared_loops(a, b, lambda la, lb: (
         (la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
         == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)

@@ -218,14 +218,7 @@ def test_independent_nests_of_the_same_loops_run_them_once(b_reads: str, cpu: st
 def test_the_gain_and_bias_gradients_of_layernorm_read_d_y_once() -> None:
     """In layernorm's derived backward, d_G and d_Bt are both column sums of d_Y over the same tiles:
     after the siblings pass they share one nest, and the backward still matches the interpreter."""
-    k = tc.define("""
-def layernorm(float(N, D) X, float(D) G, float(D) Bt) -> (Y) {
-    mean(n) +=! X(n, d) / D
-    xc(n, d) = X(n, d) - mean(n)
-    var(n) +=! xc(n, d) * xc(n, d) / D
-    Y(n, d) = xc(n, d) * rsqrt(var(n) + 1e-5) * G(d) + Bt(d)
-}
-""")
+    k = tc.define(next(c for c in DEFS if c.name == "layernorm").source)
     bwd = tc.define(k.backward_source())
     rng = np.random.default_rng(6)
     N, D = 150, 260
