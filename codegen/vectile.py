@@ -43,7 +43,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tcdsl.core.affine import Sym, Var
-from tcdsl.core.checked import Binop, Call, Const, Read, Statement, TExpr, Unop, reads
+from tcdsl.core.checked import (
+    Binop,
+    Call,
+    Const,
+    Convert,
+    IndexVal,
+    Read,
+    Select,
+    SizeVal,
+    Statement,
+    TExpr,
+    Unop,
+    reads,
+)
 from tcdsl.polyhedral.loopir import (
     LExpr,
     LFor,
@@ -304,7 +317,7 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     be any constant number of elements apart (within 32-bit offsets)."""
     if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
         return False
-    if isinstance(e, Const):
+    if isinstance(e, Const) or fixed_value(e):
         return True
     if isinstance(e, Binop):
         return (e.op in (LOOP_OPS if loop else OPS) and vector_expr(em, e.lhs, s, row, loop, gather)
@@ -313,9 +326,11 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
         return e.op == "-" and vector_expr(em, e.arg, s, row, loop, gather)
     if isinstance(e, Call) and e.fn in ("max", "min"):  # the layer's, with tc_max/tc_min's bits
         return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop, gather) for a in e.args)
-    if isinstance(e, Call):
-        return (loop and e.fn in LOOP_CALLS and e.dtype == "float32" and not (e.fn == "exp" and libmvec_exp(em))
-                and vector_expr(em, e.args[0], s, row, loop))
+    if isinstance(e, Call) and loop and e.fn in LOOP_CALLS and e.dtype == "float32" and \
+            not (e.fn == "exp" and libmvec_exp(em)) and vector_expr(em, e.args[0], s, row, loop):
+        return True
+    if isinstance(e, (Call, Convert, Select)):
+        return uniform(em, e, s, row, loop)
     if isinstance(e, Read):
         if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
             return True
@@ -328,6 +343,41 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
             return abs(step) * em.target.lanes(e.dtype) < 2**31
         return step in (0, 1)
     return False
+
+
+def uniform(em: Facts, e: TExpr, s: Statement, row: str, loop: bool) -> bool:
+    """``e`` does not change along ``row`` (reads that do not move with it, other indices, sizes,
+    constants): vectors compute it in scalar code, as the scalar loop does, and broadcast it
+    (layernorm's ``rsqrt(var(n) + eps)`` along ``d``). Integer division is left out: its checks
+    belong to the scalar code's own evaluation. A register tile (not ``loop``) reads memory only,
+    not its own target."""
+    if isinstance(e, (Const, SizeVal)):
+        return True
+    if isinstance(e, IndexVal):
+        return e.name != row
+    if isinstance(e, Read):
+        if loop and (id(e) in em.hoisted or e.tensor in em.scalars):
+            return True
+        if not loop and (e.tensor == s.tensor or e.tensor in em.scalars or e.tensor in em.rows):
+            return False
+        return not e.conditional and all(isinstance(x, Sym) for x in e.subs) and \
+            elem_step(em, e.tensor, _syms(e), row) == 0
+    if isinstance(e, Binop):
+        return not (e.op in ("/", "%") and e.lhs.dtype not in VECTOR_DTYPES) and \
+            uniform(em, e.lhs, s, row, loop) and uniform(em, e.rhs, s, row, loop)
+    if isinstance(e, (Unop, Convert)):
+        return uniform(em, e.arg, s, row, loop)
+    if isinstance(e, Call):
+        return all(uniform(em, a, s, row, loop) for a in e.args)
+    if isinstance(e, Select):
+        return all(uniform(em, x, s, row, loop) for x in (e.cond, e.then, e.other))
+    return False
+
+
+def fixed_value(e: TExpr) -> bool:
+    """``e`` is a size or constant converted to the statement's type (``X(n, d) / D``), the same
+    value in every lane."""
+    return isinstance(e, Convert) and isinstance(e.arg, (SizeVal, Const))
 
 
 def elem_step(em: Facts, tensor: str, subs: tuple[Sym, ...], row: str) -> int | None:
@@ -358,7 +408,7 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
     in half vectors (``_half_expr``), each broadcast the lower half of the full vectors' one."""
     v = vector_type(e.dtype)
     h = half_type(e.dtype) if half else v
-    if isinstance(e, Const):
+    if isinstance(e, Const) or fixed_value(e):
         return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
         a, b = (vexpr(em, e.lhs, env, s, row, loads, lane, half), vexpr(em, e.rhs, env, s, row, loads, lane, half))
@@ -367,6 +417,8 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         return f"(-{vexpr(em, e.arg, env, s, row, loads, lane, half)})"
     if isinstance(e, Call) and e.fn in ("max", "min"):
         return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads, lane) for a in e.args)})"
+    if isinstance(e, (Convert, Select)) or isinstance(e, Call) and e.fn not in LOOP_CALLS:  # vector_expr's uniform()
+        return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Call):
         arg = vexpr(em, e.args[0], env, s, row, loads, lane)
         if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))

@@ -39,6 +39,7 @@ BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this s
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
+SHARES_PER_CORE = 8  # a row loop's tiles per core below which it stays untiled (plan's spread)
 SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
 CROSS_TILE = 64
 CROSS_CONTIG_TILE = 1024
@@ -135,7 +136,8 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
     if _scatters(band, scop):
         p = scatter_plan(infos, coincident, target, _itemsize(band, scop))
     else:
-        p = plan(infos, coincident, options, target, _itemsize(band, scop), boundary)
+        spread = band.get_schedule_depth() == 0 and band.child(0).get_type() != isl.schedule_node_type.leaf
+        p = plan(infos, coincident, options, target, _itemsize(band, scop), boundary, spread)
     if any(s > 1 for s in p.tile):
         mv = isl.MultiVal.zero(band.band_get_space())
         ctx = band.get_ctx()
@@ -201,7 +203,7 @@ def _itemsize(band: isl.ScheduleNode, scop: Scop) -> int:
 
 
 def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOptions,
-         target: CpuTarget = GENERIC, itemsize: int = 4, boundary: bool = False) -> Plan:
+         target: CpuTarget = GENERIC, itemsize: int = 4, boundary: bool = False, spread: bool = False) -> Plan:
     """Tile sizes, point order and register tiles for one band: the options' where given, else
     the default heuristic for ``target`` (its lanes for elements of ``itemsize`` bytes, its
     accumulator registers and caches). A band with a reduction (a non-coincident member) and a
@@ -210,7 +212,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     tile stays in registers across the reduction); other bands put their most contiguous member
     innermost. In a ``boundary`` piece of a split statement whose contiguous member is a few
     columns wide, the register tile runs along the last longer parallel member instead (its
-    reads and target gathered: codegen.vectile)."""
+    reads and target gathered: codegen.vectile). ``spread``: the band is outermost and has loops
+    below it, so its first parallel loop is the one the threads share."""
     n = len(infos)
     lanes = max(1, target.vector_bytes // itemsize)
     budget = target.accumulators  # vector accumulators a register tile may hold
@@ -437,6 +440,12 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
                 order = [i for i in range(n) if i in par and i != first] + [first] + red
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
+    if spread and options.tile is None and n == 1 and par and 1 < tile[0] < infos[0].extent and \
+            -(-infos[0].extent // tile[0]) < SHARES_PER_CORE * max(1, target.cores):
+        # One parallel loop around nests of its own (a row loop): its tiles would be the threads'
+        # shares, and a few of them leave cores idle (1500 rows in tiles of 512 on 2 threads: 1024
+        # rows on one). Untiled, the threads take chunks of rows as they become free.
+        tile[0] = 0
     if options.point_order is not None and len(options.point_order) == n:
         order = list(options.point_order)
     if options.register_tile is not None:

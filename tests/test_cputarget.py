@@ -91,6 +91,31 @@ def test_register_tiles_fit_the_target(isa: str) -> None:
         plan(infos, [True, True, False], MappingOptions(), big).tile
 
 
+def test_a_row_loop_around_nests_of_its_own_is_shared_by_rows() -> None:
+    """An outermost parallel loop with nests below it (layernorm's rows) stays untiled where its
+    tiles would give the threads few shares (1500 rows in tiles of 512: three, for two threads);
+    with many tiles, inside another band, given tiles, or alone (a pointwise loop) it keeps them.
+    Layernorm's forward then runs its rows in the OpenMP loop itself."""
+    t = cputarget.CpuTarget("avx512", "x86_64", 64, 32, True, cores=2)
+    rows = [MemberInfo(2, 0.5, 1.5, 1500)]
+    tiled = plan(rows, [True], MappingOptions(), t, 4).tile[0]
+    assert 1 < tiled < 1500 and -(-1500 // tiled) < 16
+    assert plan(rows, [True], MappingOptions(), t, 4, spread=True).tile == [0]
+    assert plan([MemberInfo(2, 0.5, 1.5, 100_000)], [True], MappingOptions(), t, 4, spread=True).tile[0] > 1
+    assert plan(rows, [True], MappingOptions(tile=(256,)), t, 4, spread=True).tile == [256]
+    one = cputarget.CpuTarget("avx512", "x86_64", 64, 32, True, cores=1)
+    rows = [MemberInfo(2, 0.5, 1.5, 12 * tiled)]  # twelve tiles: enough for one core, not for two
+    assert plan(rows, [True], MappingOptions(), one, 4, spread=True).tile == [tiled]
+    assert plan(rows, [True], MappingOptions(), t, 4, spread=True).tile == [0]
+    ln = tc.define("""def ln(float(N, D) X) -> (Y) {
+        mean(n) +=! X(n, d) / D
+        Y(n, d) = X(n, d) - mean(n)
+    }""")
+    X = np.ones((1500, 1000), np.float32)
+    text = str(ln.explain(X))
+    assert re.search(r"for c\d+ \(n\) from 0 while \(c\d+ <= 1499\) step 1: parallel, OpenMP parallel for", text), text
+
+
 def test_rows_share_packed_panels_in_equal_tiles() -> None:
     """Where the reduction walks an operand's rows 4 KiB apart (matmul 1024^3: one L1 set), AVX2
     packs its panels, and the row cache tiles grow to share each copy, in eight tiles of nearly

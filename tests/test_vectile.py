@@ -307,6 +307,38 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     assert np.isnan(S[[2, 4]]).all() and np.isnan(Q[[2, 4]]).all() and not np.isnan(S[[0, 1, 3, 5]]).any()
 
 
+UNIFORM = """def norm(float(N,D) X, float(N) V, float(D) G) -> (M, Y, Q) {
+    M(n) +=! X(n,r_d) / D
+    Y(n,d) = X(n,d) * rsqrt(V(n) + 1.0) * (V(n) > 0.5 ? 2.0 : 1.0) * G(d)
+    Q(d) +=! X(r_n,d) * rsqrt(V(r_n) + 1.0)
+}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_parts_that_do_not_move_along_the_vectors_are_broadcast(dtype: str, target: cputarget.CpuTarget) -> None:
+    """A size converted to a float (``/ D``), a builtin call and a ``?:`` on values that stay the
+    same along the vector loop are computed in scalar code and broadcast: the row sum, the
+    pointwise loop and the column-sum register tile (layernorm's forward and backward) all run in
+    explicit vectors, as the vectorise pass prints, with numpy's values."""
+    rng = np.random.default_rng(3)
+    X = (rng.random((300, 203)) - 0.5).astype(dtype)
+    V = rng.random(300).astype(dtype)
+    G = (rng.random(203) + 0.5).astype(dtype)
+    k = tc.define(UNIFORM.replace("float(", f"{dtype}("))
+    text = str(k.lowered(X, V, G).lowered_ir)
+    lanes = target.lanes(dtype)
+    assert f"accumulate S1 over c3 in a local (simd; vector {min(4, 203 // lanes)} x {lanes} lanes" in text, text
+    assert re.search(r"register tile of S3 .*; vector \d+x\d+ lanes per row", text), text
+    assert re.search(r"S2\(.*\n?", text) and re.search(r"hoist .* vector \d+ x \d+ lanes", text), text
+    M, Y, Q = k(X, V, G)
+    X64, V64, G64 = X.astype(np.float64), V.astype(np.float64), G.astype(np.float64)
+    r = 1 / np.sqrt(V64 + 1)
+    assert_close(M, (X64 / 203).sum(1), terms=203, scale=np.abs(X64 / 203).sum(1), dtype=dtype)
+    want_y = X64 * r[:, None] * np.where(V64 > 0.5, 2.0, 1.0)[:, None] * G64
+    assert_close(Y, want_y, terms=4, scale=np.abs(want_y), dtype=dtype)
+    assert_close(Q, (X64 * r[:, None]).sum(0), terms=300, scale=np.abs(X64 * r[:, None]).sum(0), dtype=dtype)
+
+
 NEST = """def nest(float(N,F,W) A, float(N,C,W) B, float(N,F,H,W) dO, float(N,C,HI,WI) I) -> (S, MX, MN, dW) {
     S(f, c) +=! A(r_n, f, r_w) * B(r_n, c, r_w)
     MX(f) max=! A(r_n, f, r_w)
