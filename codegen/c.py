@@ -192,7 +192,7 @@ def vector_math_decls() -> str:
 @dataclass(frozen=True)
 class ErrorSite:
     code: int
-    kind: str  # "gather", "read", "division", "modulo", or "memory" (a buffer the kernel allocates)
+    kind: str  # "gather", "read", "division", "modulo", "memory" or "partials" (a buffer the kernel allocates)
     stmt: int  # TC statement number
     tensor: str
     dim: int
@@ -238,6 +238,7 @@ class _Emitter(Facts):
         self.vector_code = False  # explicit vector code written (vectile, vecloop)
         self.vector_tiles = False  # register tiles among it (vectile)
         self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.codegen.mathlib function, type) the kernel calls
+        self.partials: dict[int, dict[str, str]] = {}  # id(privatised row loop) -> target -> its partial rows
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -275,11 +276,13 @@ class _Emitter(Facts):
         with w.indent():
             packs = [n for n in walk(ir.body) if isinstance(n, LPack)]
             self._pack_buffers(packs)
+            partials = self._partial_buffers([n for n in walk(ir.body) if isinstance(n, LFor) and n.private],
+                                             [p.buffer for p in packs])
             self._body(ir.body)
             if _streams(ir.body):
                 w.line("tc_stream_fence();  // the streamed stores of a loop outside a parallel region")
-            for p in packs:
-                w.line(f"free({p.buffer});")
+            for buf in [p.buffer for p in packs] + partials:
+                w.line(f"free({buf});")
             w.line("return (int)tc_err[0];")
         w.line("}")
         if self.vector_tiles:
@@ -340,6 +343,38 @@ class _Emitter(Facts):
                 w.line(f"free({p.buffer});")
             w.line("return (int)tc_err[0];")
         w.line("}")
+
+    def _partial_buffers(self, loops: list[LFor], held: list[str]) -> list[str]:
+        """The partial rows of each privatised row loop (codegen.privatise), in heap buffers
+        allocated with the packs, before anything is written: where they cannot be had, the kernel
+        stops with a located error (after freeing ``held``). Returns the buffers' names."""
+        w = self.w
+        out: list[str] = []
+        codes: list[tuple[str, int, int]] = []
+        for n in loops:
+            names = {}
+            for t in n.private:
+                buf = names[t] = f"tc_pv{len(out)}"
+                out.append(buf)
+                call = next(c for c in walk(n.body)
+                            if isinstance(c, LCall) and self.scop.tc_statement(c.stmt).tensor == t)
+                st = self.scop.tc_statement(call.stmt)
+                size = n.blocks * memshare.elements(self.shapes[t]) * self._itemsize(t)
+                codes.append((buf, size, self._site("partials", st, t, 0, st.span)))
+                ctype = CTYPE[self.tensors[t].dtype]
+                w.line(f"{ctype} *{buf} = ({ctype} *)tc_aligned_alloc(64, {size}L);  "
+                       f"// {t} summed in {n.blocks} partial rows")
+            self.partials[id(n)] = names
+        if out:
+            w.line(f"if ({' || '.join(f'!{b}' for b in out)}) {{")
+            with w.indent():
+                for buf, size, code in codes:
+                    w.line(f"if (!{buf}) tc_fail(tc_err, {code}, {size}L);")
+                for buf in held + out:
+                    w.line(f"free({buf});")
+                w.line("return (int)tc_err[0];")
+            w.line("}")
+        return out
 
     @staticmethod
     def _pack_bytes(p: LPack, size: int) -> str:
@@ -452,6 +487,8 @@ class _Emitter(Facts):
             self._reset(n)
         elif isinstance(n, LPack):
             self._pack(n)
+        elif isinstance(n, LFor) and n.private:
+            self._private_rows(n)
         elif isinstance(n, LFor):
             hoisted = self._hoist(n)
             self.hoisted.update(hoisted)
@@ -498,6 +535,56 @@ class _Emitter(Facts):
             w.line("}")
         elif isinstance(n, LCall):
             self._call(n)
+
+    def _private_rows(self, n: LFor) -> None:
+        """Row loop ``n`` in ``n.blocks`` blocks of rows handed out to the threads, each block
+        summing into partial rows of its own of the ``n.private`` targets (codegen.privatise,
+        buffers from ``_partial_buffers``), added to the targets in block order after the loop."""
+        w = self.w
+        trips = trip_count(n)
+        assert trips is not None and not n.collapse and n.vector is None
+        hoisted = self._hoist(n)
+        self.hoisted.update(hoisted)
+        parts = self.partials[id(n)]
+        sizes = {t: memshare.elements(self.shapes[t]) for t in n.private}
+        fence = _streams((n,))
+        w.line(f"// rows in {n.blocks} blocks; {', '.join(n.private)} summed per block, then in block order")
+        w.line("#pragma omp parallel")
+        w.line("{")
+        w.push()
+        w.line("#pragma omp for schedule(dynamic, 1)" + (" nowait" if fence else ""))
+        w.line(f"for (long tc_rb = 0; tc_rb < {n.blocks}; tc_rb += 1) {{")
+        w.push()
+        saved = {t: self.var[t] for t in n.private}
+        for k, (t, buf) in enumerate(parts.items()):
+            ctype = CTYPE[self.tensors[t].dtype]
+            w.line(f"{ctype} *restrict tc_pr{k} = {buf} + tc_rb * {sizes[t]}L;")
+            w.line("#pragma omp simd")
+            w.line(f"for (long tc_i = 0; tc_i < {sizes[t]}L; tc_i += 1) tc_pr{k}[tc_i] = 0;")
+            self.var[t] = f"tc_pr{k}"
+        w.line(f"for (long {n.var} = tc_rb * {trips}L / {n.blocks}; {n.var} < (tc_rb + 1) * {trips}L / {n.blocks}; "
+               f"{n.var} += 1) {{")
+        with w.indent():
+            self._body(n.body)
+        w.line("}")
+        self.var.update(saved)
+        w.pop()
+        w.line("}")
+        if fence:
+            w.line("tc_stream_fence();")
+        w.pop()
+        w.line("}")
+        for t, buf in parts.items():
+            ctype = CTYPE[self.tensors[t].dtype]
+            w.line("#pragma omp simd")
+            w.line(f"for (long tc_i = 0; tc_i < {sizes[t]}L; tc_i += 1) {{")
+            with w.indent():
+                w.line(f"{ctype} tc_s = {self.var[t]}[tc_i];")
+                w.line(f"for (long tc_b = 0; tc_b < {n.blocks}; tc_b += 1) tc_s += {buf}[tc_b * {sizes[t]}L + tc_i];")
+                w.line(f"{self.var[t]}[tc_i] = tc_s;")
+            w.line("}")
+        for key in hoisted:
+            del self.hoisted[key]
 
     def _transpose(self, tp: LTranspose) -> None:
         """A copy nest moved through registers in 8x8 blocks (see codegen.transpose): one call for

@@ -61,7 +61,7 @@ from tcdsl.polyhedral.loopir import (
 from tcdsl.polyhedral.scatter import value_indices
 from tcdsl.polyhedral.scop import Scop
 
-from . import contract, memshare, regtile, transpose, vecloop, vectile
+from . import contract, memshare, privatise, regtile, transpose, vecloop, vectile
 from .facts import Facts
 
 Pass = Callable[[LoopIR, Facts], LoopIR]
@@ -781,6 +781,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("contract", contract_temporaries),
     ("share", share_buffers),
     ("transpose", blocked_transposes),
+    ("privatise", privatise.privatise),
     ("regtile", register_tiles),
     ("accumulate", accumulate),
     ("hoist", hoist_reads),

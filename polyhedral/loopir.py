@@ -60,6 +60,8 @@ class LFor(LNode):
     hoist: tuple[tuple[str, int, int], ...] = ()  # reads loaded once before the loop: (name, call, read)
     unroll: int = 0  # unroll this many (all) iterations
     collapse: bool = False  # `omp parallel for collapse(2)` with the loop inside
+    private: tuple[str, ...] = ()  # the sums into these run in partial rows per block of rows (codegen.privatise)
+    blocks: int = 0  # the blocks of rows, with ``private``
     vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
     vector_text: str = ""  # how, for the printed form
 
@@ -418,6 +420,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
                                 ("collapse(2)", n.collapse), ("register tile", n.tile)) if on]
         if n.unroll:
             tags.append(f"unroll {n.unroll}")
+        if n.private:
+            tags.append(f"in {n.blocks} blocks of rows, summing {', '.join(n.private)} in partial rows")
         if n.hoist:
             tags.append("hoist " + ",".join(f"{name}=call{c}.read{r}" for name, c, r in n.hoist))
         if n.vector_text:

@@ -39,7 +39,6 @@ BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this s
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
-SHARES_PER_CORE = 8  # a row loop's tiles per core below which it stays untiled (plan's spread)
 SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
 CROSS_TILE = 64
 CROSS_CONTIG_TILE = 1024
@@ -440,11 +439,11 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
                 order = [i for i in range(n) if i in par and i != first] + [first] + red
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
-    if spread and options.tile is None and n == 1 and par and 1 < tile[0] < infos[0].extent and \
-            -(-infos[0].extent // tile[0]) < SHARES_PER_CORE * max(1, target.cores):
-        # One parallel loop around nests of its own (a row loop): its tiles would be the threads'
-        # shares, and a few of them leave cores idle (1500 rows in tiles of 512 on 2 threads: 1024
-        # rows on one). Untiled, the threads take chunks of rows as they become free.
+    if spread and options.tile is None and n == 1 and par:
+        # One parallel loop around nests of its own (a row loop): its tiles would only be the
+        # threads' shares, and a few of them leave cores idle (1500 rows in tiles of 512 on 2
+        # threads: 1024 rows on one). Untiled, the threads take chunks of rows as they become
+        # free, and the loop can hold sums over its rows in partial rows (codegen.privatise).
         tile[0] = 0
     if options.point_order is not None and len(options.point_order) == n:
         order = list(options.point_order)

@@ -196,7 +196,7 @@ class CKernel:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
         (no run-time checks; a failed allocation stops it before it writes anything), the buffers
         are C-contiguous and aligned, and none overlaps an input."""
-        if any(e.kind != "memory" for e in self.low.source.errors):
+        if any(e.kind not in ("memory", "partials") for e in self.low.source.errors):
             return False
         return all(o.flags.c_contiguous and o.flags.aligned and not any(np.may_share_memory(o, a)
                                                                        for a in inputs.values())
@@ -344,6 +344,9 @@ def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int,
     if site.kind == "memory":
         return TcRuntimeError(f"kernel {inst.checked.name} could not allocate {value} bytes for the packed "
                               f"panels of '{site.tensor}' read by {s.describe()}", loc)
+    if site.kind == "partials":
+        return TcRuntimeError(f"kernel {inst.checked.name} could not allocate {value} bytes for the partial "
+                              f"sums of '{site.tensor}' by blocks of rows in {s.describe()}", loc)
     return TcRuntimeError(f"{site.kind} out of range in {s.describe()}: dim {site.dim} of '{site.tensor}' is "
                           f"read at {value}, outside 0:{inst.shapes[site.tensor][site.dim]}", loc)
 

@@ -92,21 +92,17 @@ def test_register_tiles_fit_the_target(isa: str) -> None:
 
 
 def test_a_row_loop_around_nests_of_its_own_is_shared_by_rows() -> None:
-    """An outermost parallel loop with nests below it (layernorm's rows) stays untiled where its
-    tiles would give the threads few shares (1500 rows in tiles of 512: three, for two threads);
-    with many tiles, inside another band, given tiles, or alone (a pointwise loop) it keeps them.
-    Layernorm's forward then runs its rows in the OpenMP loop itself."""
+    """An outermost parallel loop with nests below it (layernorm's rows) stays untiled: its tiles
+    would only be the threads' shares (1500 rows in tiles of 512: three, for two threads); inside
+    another band, with given tiles, or alone (a pointwise loop) it keeps them. Layernorm's forward
+    then runs its rows in the OpenMP loop itself."""
     t = cputarget.CpuTarget("avx512", "x86_64", 64, 32, True, cores=2)
     rows = [MemberInfo(2, 0.5, 1.5, 1500)]
     tiled = plan(rows, [True], MappingOptions(), t, 4).tile[0]
-    assert 1 < tiled < 1500 and -(-1500 // tiled) < 16
+    assert 1 < tiled < 1500
     assert plan(rows, [True], MappingOptions(), t, 4, spread=True).tile == [0]
-    assert plan([MemberInfo(2, 0.5, 1.5, 100_000)], [True], MappingOptions(), t, 4, spread=True).tile[0] > 1
+    assert plan([MemberInfo(2, 0.5, 1.5, 100_000)], [True], MappingOptions(), t, 4, spread=True).tile == [0]
     assert plan(rows, [True], MappingOptions(tile=(256,)), t, 4, spread=True).tile == [256]
-    one = cputarget.CpuTarget("avx512", "x86_64", 64, 32, True, cores=1)
-    rows = [MemberInfo(2, 0.5, 1.5, 12 * tiled)]  # twelve tiles: enough for one core, not for two
-    assert plan(rows, [True], MappingOptions(), one, 4, spread=True).tile == [tiled]
-    assert plan(rows, [True], MappingOptions(), t, 4, spread=True).tile == [0]
     ln = tc.define("""def ln(float(N, D) X) -> (Y) {
         mean(n) +=! X(n, d) / D
         Y(n, d) = X(n, d) - mean(n)

@@ -215,23 +215,79 @@ def test_independent_nests_of_the_same_loops_run_them_once(b_reads: str, cpu: st
         assert_matches(g, w, 301, f"sums with B reading {b_reads} on {cpu}")
 
 
-def test_the_gain_and_bias_gradients_of_layernorm_read_d_y_once() -> None:
-    """In layernorm's derived backward, d_G and d_Bt are both column sums of d_Y over the same tiles:
-    after the siblings pass they share one nest, and the backward still matches the interpreter."""
-    k = tc.define(next(c for c in DEFS if c.name == "layernorm").source)
+def _layernorm_backward(N: int, D: int, dtype: str = "float32") -> tuple[tc.Kernel, list[np.ndarray]]:
+    k = tc.define(next(c for c in DEFS if c.name == "layernorm").source.replace("float(", f"{dtype}("))
     bwd = tc.define(k.backward_source())
     rng = np.random.default_rng(6)
-    N, D = 150, 260
-    X = rng.standard_normal((N, D)).astype(np.float32)
-    mean = X.mean(1).astype(np.float32)
-    var = ((X - mean[:, None]) ** 2).mean(1).astype(np.float32)
-    args = [X, rng.standard_normal(D).astype(np.float32), rng.standard_normal(D).astype(np.float32), mean, var,
-            rng.standard_normal((N, D)).astype(np.float32)]
+    X = rng.standard_normal((N, D)).astype(dtype)
+    mean = X.mean(1).astype(dtype)
+    var = ((X - mean[:, None]) ** 2).mean(1).astype(dtype)
+    return bwd, [X, rng.standard_normal(D).astype(dtype), rng.standard_normal(D).astype(dtype), mean, var,
+                 rng.standard_normal((N, D)).astype(dtype)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("N, D", [(1500, 260), (1003, 333)])
+def test_layernorm_gain_and_bias_gradients_sum_in_the_row_loop(N: int, D: int, dtype: str) -> None:
+    """In layernorm's derived backward, d_G and d_Bt are sums over the rows of what the row loop
+    reads (d_Y, X): the privatise pass moves them into it, each block of rows summing into partial
+    rows of its own, added in block order after the loop (rows not a multiple of the blocks:
+    1003); no nest of their own is left, the kernel allocates the partial rows before anything
+    else, and the gradients match the interpreter's, the same on every call."""
+    bwd, args = _layernorm_backward(N, D, dtype)
     low = bwd.lowered(*args)
     of = {low.scop.tc_statement(st.name).tensor: st.name for st in low.scop.stmts if st.kind == "update"}
-    before, after = (dict(low.passes)[name] for name in ("fuse", "siblings"))
-    assert len(after.body) == len(before.body) - 1
-    nests = [{c.stmt for c in walk((n,)) if isinstance(c, LCall)} for n in after.body]
-    assert any({of["d_G"], of["d_Bt"]} <= s for s in nests), str(after)
-    for g, w in zip(bwd(*args), bwd(*args, backend="numpy")):
+    after = dict(low.passes)["privatise"]
+    rows = [n for n in after.body if isinstance(n, LFor) and n.private]
+    assert len(rows) == 1 and set(rows[0].private) == {"d_G", "d_Bt"}, str(after)
+    assert 1 < rows[0].blocks <= N
+    assert "summing d_G, d_Bt in partial rows" in str(low.lowered_ir)
+    for n in after.body:
+        if n is not rows[0]:
+            assert not {of["d_G"], of["d_Bt"]} & {c.stmt for c in walk((n,)) if isinstance(c, LCall)}, str(after)
+    text = bwd.source(*args)
+    assert text.index("partial rows") < text.index("#pragma omp parallel")  # allocated first
+    got = bwd(*args)
+    for g, w in zip(got, bwd(*args, backend="numpy")):
         assert_matches(g, w, N * 4, "layernorm's backward")
+    for g, again in zip(got, bwd(*args)):
+        np.testing.assert_array_equal(g, again)
+
+
+def test_only_sums_of_inputs_into_unread_targets_move_into_the_row_loop() -> None:
+    """Layernorm's backward with one more sum of d_Y, F: it moves into the row loop with d_G and
+    d_Bt; where another statement reads F (W), F keeps its nest and the other two still move;
+    with too few rows for what the sums read to outgrow L2, nothing moves. The results match the
+    interpreter's every time."""
+    head = "-> (float32(N, D) d_X, float32(D) d_G, float32(D) d_Bt)"
+    base = tc.define(next(c for c in DEFS if c.name == "layernorm").source).backward_source()
+    assert head in base
+
+    def extended(outs: str, lines: str) -> tc.Kernel:
+        return tc.define(base.replace(head, head[:-1] + ", " + outs + ")").rstrip().rstrip("}") + lines + "}\n")
+
+    f_sum = "  F(d) +=! d_Y(n, d) * 2.0 where d in 0:D, n in 0:N\n"
+    cases = [(extended("F", f_sum), 1500, {"F", "d_G", "d_Bt"}),
+             (extended("F, W", f_sum + "  W(d) = F(d) * 2.0\n"), 1500, {"d_G", "d_Bt"}),
+             (extended("F", f_sum), 100, set())]
+    for k, N, moved in cases:
+        _, args = _layernorm_backward(N, 260)
+        ir = dict(k.lowered(*args).passes)["privatise"]
+        assert {t for n in ir.body if isinstance(n, LFor) for t in n.private} == moved, str(ir)
+        for g, w in zip(k(*args), k(*args, backend="numpy")):
+            assert_matches(g, w, N * 4, k.name)
+
+
+def test_a_failed_partial_rows_allocation_is_a_located_error_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built so that the allocation of the partial rows fails, the call raises a located
+    TcRuntimeError naming the sum and leaves the caller's out= buffers as they were."""
+    monkeypatch.setenv("CC", shlex.join([*toolchain.compiler(), "-Dtc_aligned_alloc(a,s)=((void *)0)"]))
+    monkeypatch.setenv("TCDSL_CACHE_DIR", str(tmp_path))
+    bwd, args = _layernorm_backward(1500, 260)
+    assert "partial rows" in bwd.source(*args)
+    outs = [np.full((1500, 260), 7.0, np.float32), np.full(260, 7.0, np.float32), np.full(260, 7.0, np.float32)]
+    with pytest.raises(TcRuntimeError, match="could not allocate .* bytes for the partial sums of 'd_(G|Bt)'") as e:
+        bwd(*args, out=outs)
+    assert e.value.location is not None
+    assert all((o == 7.0).all() for o in outs)
