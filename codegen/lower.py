@@ -693,7 +693,7 @@ def _sibling(a: LNode, b: LNode, touched: list[tuple[set[str], set[str]]], shari
         (la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
         == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)
         and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll or la.tile or lb.tile
-                 or la.vector is not None or lb.vector is not None)))
+                 or la.vector is not None or lb.vector is not None or la.private or lb.private)))
     if not shared:
         return None
     inner = shared[-1][0].body + shared[-1][1].body
