@@ -344,10 +344,11 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
 def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     """``n`` with the innermost short loops of its perfect nest around a vector sum (an
     ``LAccum`` over a nest: a weight gradient's batch, rows and columns) taken into the sum, each
-    element with accumulators of its own: the loads their reads share (a weight gradient's output
-    gradient, for every tap of its 3x3 window) are made once per vector, not once per element.
-    As many loops as keep every element's two accumulators within the target's; None where there
-    is no such nest. Weight gradients on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms;
+    element with an accumulator of its own (a row's last, masked vector adds zeros in its other
+    lanes, into the same one): the loads their reads share (a weight gradient's output gradient,
+    for every tap of its 3x3 window) are made once per vector, not once per element. As many
+    loops as keep the accumulators within the target's (AVX2: a 3x3 window, where two accumulators
+    an element took its columns only); None where there is no such nest. Weight gradients on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms;
     group conv 8x32x16x28x28, 17.9 -> 10.2 ms."""
     chain = [n]
     while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LFor):
@@ -362,14 +363,13 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     va = plan_accum(em, replace(acc, simd=True, jam=(chain[-1],)))
     if va is None:
         return None
-    per = 1 + bool(va.rest)
     args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
     bounds = set().union(*(expr_vars(x.init) | expr_vars(x.cond) for x in acc.loops))
     taken: list[LFor] = []
     count = 1
     for f in reversed(chain):
         trips = trip_count(f)
-        if f.omp or trips is None or trips < 1 or count * trips * per > em.target.accumulators or f.var in bounds:
+        if f.omp or trips is None or trips < 1 or count * trips > em.target.accumulators or f.var in bounds:
             break
         # each element its own: the loop moves one index of the target, which no other jammed loop moves
         own = [i for i in s.lhs if f.var in expr_vars(args[i])]
@@ -416,7 +416,7 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
         outer = {name: f"({unparen(em._lexpr(args[name]))})" for name in s.lhs}
         targets.append(em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer))
         w.line(f"{ctype} acc{k} = {targets[-1]};")
-    names = [f"q{k}" for k in range(len(combos))] + [f"qt{k}" for k in range(len(combos)) if va.rest]
+    names = [f"q{k}" for k in range(len(combos))]
     w.line(f"{v} " + ", ".join(f"{q} = {v}_zero()" for q in names) + ";")
 
     def update(q: str, values: dict[str, int], rest: int = 0) -> None:
@@ -429,14 +429,12 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
         for k, values in enumerate(combos):
             update(f"q{k}", values)
     w.line("}")
-    if va.rest:
+    if va.rest:  # the masked vector's other lanes add zero: into the same accumulator
         for k, values in enumerate(combos):
-            update(f"qt{k}", values, va.rest)
+            update(f"q{k}", values, va.rest)
     for _ in a.loops[:-1]:
         w.pop()
         w.line("}")
     for k in range(len(combos)):
-        if va.rest:
-            w.line(f"q{k} = q{k} + qt{k};")
         w.line(f"for (int l = 0; l < {lanes}; l++) acc{k} = acc{k} + q{k}[l];")
         w.line(f"{targets[k]} = acc{k};")

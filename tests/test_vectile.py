@@ -355,7 +355,8 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     element and its vector accumulators across the whole nest, as the passes print, with each
     row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2); the
     sums take the elements of the short loops around them at once (the weight gradient's 3x3
-    window, as many taps as the target's accumulators hold), max and min one element each;
+    window, one accumulator a tap, its masked vector included: nine fit every target), max and
+    min one element each;
     sums close to float64 within the terms' roundings, max and min exact, and a NaN in a row's
     masked part reaches the sum, max and min."""
     rng = np.random.default_rng(11)
@@ -371,6 +372,8 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     assert len(lines) == 4 and all(f" x {lanes} lanes{rest} per " in x for x in lines.values()), text
     assert all(", " in x.split(" over ")[1].split(" in a local")[0] for x in lines.values()), text  # nests, not rows
     assert "at once" in lines["S1"] and "at once" in lines["S4"], text  # the sums: several elements at once
+    # the weight gradient's whole 3x3 window, one accumulator a tap (AVX2 holds nine too)
+    assert re.search(r"the elements of c\d+, c\d+ at once", lines["S4"]), text
     assert "at once" not in lines["S2"] + lines["S3"], text  # max and min: one element each
     S, MX, MN, dW = k(A, B, dO, I)
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
