@@ -135,7 +135,9 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
     if _scatters(band, scop):
         p = scatter_plan(infos, coincident, target, _itemsize(band, scop))
     else:
-        spread = band.get_schedule_depth() == 0 and band.child(0).get_type() != isl.schedule_node_type.leaf
+        # a one-member band is a strip-mine, not a reuse tiling; outermost, its tiles are the threads'
+        # shares, which a leaf's vector loop keeps (a pointwise kernel in chunks of vectors)
+        spread = band.get_schedule_depth() > 0 or band.child(0).get_type() != isl.schedule_node_type.leaf
         p = plan(infos, coincident, options, target, _itemsize(band, scop), boundary, spread)
     if any(s > 1 for s in p.tile):
         mv = isl.MultiVal.zero(band.band_get_space())
@@ -211,8 +213,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     tile stays in registers across the reduction); other bands put their most contiguous member
     innermost. In a ``boundary`` piece of a split statement whose contiguous member is a few
     columns wide, the register tile runs along the last longer parallel member instead (its
-    reads and target gathered: codegen.vectile). ``spread``: the band is outermost and has loops
-    below it, so its first parallel loop is the one the threads share."""
+    reads and target gathered: codegen.vectile). ``spread``: the band has loops below it or
+    around it (it is not an outermost pointwise loop)."""
     n = len(infos)
     lanes = max(1, target.vector_bytes // itemsize)
     budget = target.accumulators  # vector accumulators a register tile may hold
@@ -440,10 +442,12 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
     if spread and options.tile is None and n == 1 and par:
-        # One parallel loop around nests of its own (a row loop): its tiles would only be the
-        # threads' shares, and a few of them leave cores idle (1500 rows in tiles of 512 on 2
-        # threads: 1024 rows on one). Untiled, the threads take chunks of rows as they become
-        # free, and the loop can hold sums over its rows in partial rows (codegen.privatise).
+        # One parallel loop: tiled, it is only cut into strips, which reuse nothing more. Around
+        # nests of its own (a row loop), the strips would be the threads' shares, and a few of them
+        # leave cores idle (1500 rows in strips of 512 on 2 threads: 1024 rows on one); untiled,
+        # the threads take chunks of rows as they become free, and the loop can hold sums over its
+        # rows in partial rows (codegen.privatise). Inside another loop (a row's columns), it runs
+        # whole, a constant trip count for its vectors (codegen.vecloop).
         tile[0] = 0
     if options.point_order is not None and len(options.point_order) == n:
         order = list(options.point_order)

@@ -92,10 +92,11 @@ def test_register_tiles_fit_the_target(isa: str) -> None:
 
 
 def test_a_row_loop_around_nests_of_its_own_is_shared_by_rows() -> None:
-    """An outermost parallel loop with nests below it (layernorm's rows) stays untiled: its tiles
-    would only be the threads' shares (1500 rows in tiles of 512: three, for two threads); inside
-    another band, with given tiles, or alone (a pointwise loop) it keeps them. Layernorm's forward
-    then runs its rows in the OpenMP loop itself."""
+    """A one-member parallel band is a strip-mine: with nests below it (layernorm's rows) its
+    strips would only be the threads' shares (1500 rows in strips of 512: three, for two threads),
+    and inside another loop (a row's columns) they cut the vector loop short; it stays untiled
+    there, keeping given tiles, and only an outermost pointwise loop keeps its default strips.
+    Layernorm's forward then runs its rows in the OpenMP loop itself, each row's columns whole."""
     t = cputarget.CpuTarget("avx512", "x86_64", 64, 32, True, cores=2)
     rows = [MemberInfo(2, 0.5, 1.5, 1500)]
     tiled = plan(rows, [True], MappingOptions(), t, 4).tile[0]
@@ -110,6 +111,7 @@ def test_a_row_loop_around_nests_of_its_own_is_shared_by_rows() -> None:
     X = np.ones((1500, 1000), np.float32)
     text = str(ln.explain(X))
     assert re.search(r"for c\d+ \(n\) from 0 while \(c\d+ <= 1499\) step 1: parallel, OpenMP parallel for", text), text
+    assert re.search(r"for c\d+ \(d\) from 0 while \(c\d+ <= 999\) step 1: parallel, vectorised", text), text
 
 
 def test_rows_share_packed_panels_in_equal_tiles() -> None:
