@@ -39,6 +39,10 @@ BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this s
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
+# channel vectors per tile in plan's AVX2 conv form, the first that divides the channels: three for
+# 24 channels (the input gradient of a 24-channel conv, 6x24x30x30 with 40 filters, 2 threads, paired
+# rounds: 1.27-1.29x the tile along the columns it took before); five (40 filters) gained nothing
+CHANNEL_VECTORS = (4, 3, 2)
 SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
 CROSS_TILE = 64
 CROSS_CONTIG_TILE = 1024
@@ -415,7 +419,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     if len(rows) == 2 and red and contig is not None and lanes > 1 and (not whole_contig or column) and \
             (budget < COLUMN_TILE_ACCUMULATORS or column) and infos[contig].extent >= 4:
         first = min(rows)
-        count = next((v for v in (4, 2) if infos[first].extent % (v * lanes) == 0), 0)
+        count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
         given = _fit(options.tile, n, 0) if options.tile is not None else None
 
         def cut(i: int) -> bool:  # a cache tile across member i, the options' or the default

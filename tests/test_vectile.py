@@ -23,7 +23,7 @@ import tcdsl as tc
 from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain, vecisa
 from tcdsl.options import MappingOptions
-from tcdsl.polyhedral import cputarget
+from tcdsl.polyhedral import cputarget, transform
 
 try:
     from targets import runnable
@@ -182,8 +182,8 @@ def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
                                    (2, 128, 4, 40, 64), (2, 8, 4, 40, 128)],
                          ids=["cols-rest-2", "cols-rest-1", "cols-whole", "channels-24", "panels-295k", "channels-128"])
 def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> None:
-    """On a target of 16 vector registers a conv whose output channels come in pairs of vectors
-    runs in vectors along the channels: the weights packed once into channel panels before the
+    """On a target of 16 vector registers a conv whose output channels come in two, three or four
+    vectors (a multiple of them) runs in vectors along the channels (24 channels on AVX2: three): the weights packed once into channel panels before the
     parallel loops, each input element broadcast, the kernel's width loop not unrolled, the columns
     cut short in a tile of fewer columns. Other channel counts, and targets with more registers,
     keep the tile along the columns, and so do channels cut into cache tiles (128 of them), whose
@@ -196,7 +196,7 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     src = k.source(I, Wt)
     passes = str(k.lowered(I, Wt).passes[-1][1])
     lanes = target.lanes("float32")
-    if target.accumulators < 16 and F % (2 * lanes) == 0 and F <= 64:
+    if target.accumulators < 16 and any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) and F <= 64:
         assert "lanes per row along f" in passes and "once for every thread" in passes, passes
         assert "#pragma GCC unroll 1" in src and "tc_vf_load(&tc_pk0_at[" in src
         assert "tc_vf_gather(&t1" not in _kernel_text(src) and "tc_vf_set1(t0[" in src
