@@ -183,8 +183,9 @@ def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
                          ids=["cols-rest-2", "cols-rest-1", "cols-whole", "channels-24", "panels-295k", "channels-128"])
 def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> None:
     """On a target of 16 vector registers a conv whose output channels come in two, three or four
-    vectors (a multiple of them) runs in vectors along the channels (24 channels on AVX2: three): the weights packed once into channel panels before the
-    parallel loops, each input element broadcast, the kernel's width loop not unrolled, the columns
+    vectors (a multiple of them) runs in vectors along the channels (24 channels on AVX2: three):
+    the weights packed once into channel panels before the parallel loops, each input element
+    broadcast, the kernel's width loop not unrolled, the columns
     cut short in a tile of fewer columns. Other channel counts, and targets with more registers,
     keep the tile along the columns, and so do channels cut into cache tiles (128 of them), whose
     panels would be packed once per tile. Against numpy, and bit for bit against the scalar tile."""
