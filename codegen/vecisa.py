@@ -92,8 +92,9 @@ def _stream(isa: str) -> str:
 
 
 def _partial(isa: str) -> str:
-    """``tc_v?_first(n)``, the mask of lanes ``0..n-1``, and ``tc_v?_load_n(n, p)``: ``p[0..n-1]`` in
-    those lanes and zeros above, reading nothing past ``p[n-1]`` (0 <= n <= the lanes)."""
+    """``tc_v?_first(n)``, the mask of lanes ``0..n-1``, ``tc_v?_load_n(n, p)``: ``p[0..n-1]`` in
+    those lanes and zeros above, reading nothing past ``p[n-1]`` (0 <= n <= the lanes), and
+    ``tc_v?_store_n(n, p, v)``, which writes only ``p[0..n-1]``."""
     out = []
     for t, ctype, itype in (("f", "float", "int"), ("d", "double", "long long")):
         lanes = f"(int)(sizeof(tc_v{t}) / sizeof({ctype}))"
@@ -103,11 +104,16 @@ def _partial(isa: str) -> str:
         if isa == "avx512":
             bits = 16 if t == "f" else 8
             out.append(f"#define tc_v{t}_load_n(n, p) _mm512_maskz_loadu_{sfx}((__mmask{bits})((1u << (n)) - 1u), p)")
+            out.append(f"#define tc_v{t}_store_n(n, p, v) "
+                       f"_mm512_mask_storeu_{sfx}(p, (__mmask{bits})((1u << (n)) - 1u), v)")
         elif isa == "avx2":
             out.append(f"#define tc_v{t}_load_n(n, p) _mm256_maskload_{sfx}(p, (__m256i)tc_v{t}_first(n))")
+            out.append(f"#define tc_v{t}_store_n(n, p, v) _mm256_maskstore_{sfx}(p, (__m256i)tc_v{t}_first(n), v)")
         else:
             out.append(f"static inline tc_v{t} tc_v{t}_load_n(int n, const {ctype} *p) "
                        f"{{ tc_v{t} v = tc_v{t}_zero(); for (int l = 0; l < n; l++) v[l] = p[l]; return v; }}")
+            out.append(f"static inline void tc_v{t}_store_n(int n, {ctype} *p, tc_v{t} v) "
+                       f"{{ for (int l = 0; l < n; l++) p[l] = v[l]; }}")
     return "\n".join(out) + "\n"
 
 

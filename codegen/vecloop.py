@@ -53,9 +53,11 @@ class VectorLoop:
     overlap: bool  # the last vector overlaps the one before
     stream: frozenset[str] = frozenset()  # tensors whose whole vectors bypass the caches (streamed)
     prefetch: frozenset[str] = frozenset()  # tensors read along the loop, fetched PREFETCH_BYTES ahead
+    masked: bool = False  # the last elements in a masked vector instead (an update in place)
 
     def __str__(self) -> str:
-        return (f"{self.trips // self.lanes} x {self.lanes} lanes" + (" + 1 overlapping" if self.overlap else "")
+        last = " + 1 masked" if self.masked else " + 1 overlapping" if self.overlap else ""
+        return (f"{self.trips // self.lanes} x {self.lanes} lanes" + last
                 + (f", streaming {', '.join(sorted(self.stream))}" if self.stream else "")
                 + (f", prefetching {', '.join(sorted(self.prefetch))}" if self.prefetch else ""))
 
@@ -92,12 +94,12 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
         calls.append((call, s, row))
     written = {s.tensor for _, s, _ in calls}
     overlap = trips % lanes != 0
-    if overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs)):
-        return None  # rerunning lanes would read what the first run wrote
+    # rerunning lanes would read what the first run wrote: the last elements in a masked vector
+    masked = overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs))
     stream = frozenset(t for t in written if streamed(em, t))
     large = PREFETCH_BYTES > 0 and _large(em)
     ahead = frozenset(r.tensor for _, s, row in calls for r in _along(em, s, row)) if large else frozenset()
-    return VectorLoop(n, tuple(calls), trips, lanes, overlap, stream, ahead)
+    return VectorLoop(n, tuple(calls), trips, lanes, overlap and not masked, stream, ahead, masked)
 
 
 # stream outputs when the kernel's inputs and outputs take at least the whole last-level cache: below
@@ -167,9 +169,17 @@ def emit(em: _Emitter, vl: VectorLoop) -> None:
             w.line(f"const long {n.var} = {lo + vl.trips - lanes};")
             _body(em, vl, tail=True)
         w.line("}")
+    elif vl.masked:
+        w.line(f"{{  // the last {vl.trips - whole} of {vl.trips}, in a masked vector")
+        with w.indent():
+            w.line(f"const long {n.var} = {lo + whole};")
+            _body(em, vl, tail=True, rest=vl.trips - whole)
+        w.line("}")
 
 
-def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
+def _body(em: _Emitter, vl: VectorLoop, tail: bool = False, rest: int = 0) -> None:
+    """One vector of the loop's statements; with ``rest``, its first ``rest`` lanes only (masked
+    loads along the row, a masked store)."""
     fetched: set[str] = set()
     for call, s, row in vl.calls:
         st = em.scop.stmt(call.stmt)
@@ -185,8 +195,14 @@ def _body(em: _Emitter, vl: VectorLoop, tail: bool = False) -> None:
                     fetched.add(at)  # (an address, not a pointer past the array: integer arithmetic)
                     em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {PREFETCH_BYTES}));")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
-            store = "_stream" if s.tensor in vl.stream and not tail else "_store"
-            em.w.line(f"{vector_type(s.rhs.dtype)}{store}(&{target}, {vexpr(em, s.rhs, env, s, row)});")
+            v = vector_type(s.rhs.dtype)
+            value = vexpr(em, s.rhs, env, s, row)
+            if rest:
+                assert f"{v}_gather(" not in value  # plan's reads: along the row, or broadcast
+                em.w.line(f"{v}_store_n({rest}, &{target}, {value.replace(f'{v}_load(', f'{v}_load_n({rest}, ')});")
+            else:
+                store = "_stream" if s.tensor in vl.stream and not tail else "_store"
+                em.w.line(f"{v}{store}(&{target}, {value});")
         em.w.line("}")
 
 

@@ -55,6 +55,7 @@ from tcdsl.core.checked import (
     Statement,
     TExpr,
     Unop,
+    convert,
     reads,
 )
 from tcdsl.polyhedral.loopir import (
@@ -85,6 +86,7 @@ OPS = {"+": "+", "-": "-", "*": "*"}
 LOOP_OPS = {**OPS, "/": "/"}  # a pointwise loop divides too (a tile's sum of quotients does not)
 REDUCTIONS = ("+", "*", "max", "min")
 LOOP_CALLS = ("exp", "tanh", "log", "sigmoid")  # float32 builtins with a vector form (codegen.vecisa)
+COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")  # a pointwise loop's ?: selects lanes on these
 # A pointwise loop calls the layer's tanh and log, written out, even where glibc's libmvec has
 # vector variants: they are as fast or faster there and more accurate (16M elements of f(A*B + C),
 # 2 threads: tanh AVX2 15.3 against 21.8 ms, AVX-512 8.4 against 9.0; log 0.82 ulp against 3.9, at
@@ -317,6 +319,7 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     be any constant number of elements apart (within 32-bit offsets)."""
     if e.dtype != em.tensors[s.tensor].dtype or e.dtype not in VECTOR_DTYPES + (() if loop else TILE_SUMS):
         return False
+    e = _lift(e)
     if isinstance(e, Const) or fixed_value(e):
         return True
     if isinstance(e, Binop):
@@ -329,6 +332,9 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     if isinstance(e, Call) and loop and e.fn in LOOP_CALLS and e.dtype == "float32" and \
             not (e.fn == "exp" and libmvec_exp(em)) and vector_expr(em, e.args[0], s, row, loop):
         return True
+    if isinstance(e, Select) and loop and isinstance(e.cond, Binop) and e.cond.op in COMPARISONS and \
+            all(vector_expr(em, x, s, row, loop) for x in (e.cond.lhs, e.cond.rhs, e.then, e.other)):
+        return True  # a pointwise loop's ?: on a comparison of its values: both sides, then a select
     if isinstance(e, (Call, Convert, Select)):
         return uniform(em, e, s, row, loop)
     if isinstance(e, Read):
@@ -336,7 +342,7 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
             return True
         if not loop and (e.tensor == s.tensor or e.tensor in em.scalars or e.tensor in em.rows):
             return False
-        if e.conditional or not all(isinstance(x, Sym) for x in e.subs):
+        if e.conditional and not (loop and _in_range(e, s)) or not all(isinstance(x, Sym) for x in e.subs):
             return False
         step = elem_step(em, e.tensor, _syms(e), row)
         if gather and step is not None and e.tensor not in em.rows:
@@ -374,6 +380,22 @@ def uniform(em: Facts, e: TExpr, s: Statement, row: str, loop: bool) -> bool:
     return False
 
 
+def _lift(e: TExpr) -> TExpr:
+    """A conversion of a ``?:`` between two constants (a float64 statement's ``c ? 1.0 : 0.0``, whose
+    literals are float32) as the ``?:`` between the converted constants: the same values."""
+    if isinstance(e, Convert) and isinstance(e.arg, Select) and isinstance(e.arg.then, Const) and \
+            isinstance(e.arg.other, Const):
+        return Select(e.dtype, e.arg.cond, convert(e.arg.then, e.dtype), convert(e.arg.other, e.dtype))
+    return e
+
+
+def _in_range(e: Read, s: Statement) -> bool:
+    """A read in a branch of ``?:`` (``conditional``: checked where the branch runs) at the
+    subscripts of an unconditional read of the same tensor, which bounds the statement's domain:
+    in range at every point, so a vector may load it whichever branch each lane takes."""
+    return any(not r.conditional and r.tensor == e.tensor and r.subs == e.subs for r in reads(s.rhs))
+
+
 def fixed_value(e: TExpr) -> bool:
     """``e`` is a size or constant converted to the statement's type (``X(n, d) / D``), the same
     value in every lane."""
@@ -408,6 +430,7 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
     in half vectors (``_half_expr``), each broadcast the lower half of the full vectors' one."""
     v = vector_type(e.dtype)
     h = half_type(e.dtype) if half else v
+    e = _lift(e)
     if isinstance(e, Const) or fixed_value(e):
         return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
@@ -417,6 +440,11 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         return f"(-{vexpr(em, e.arg, env, s, row, loads, lane, half)})"
     if isinstance(e, Call) and e.fn in ("max", "min"):
         return f"{v}_{e.fn}({', '.join(vexpr(em, a, env, s, row, loads, lane) for a in e.args)})"
+    if isinstance(e, Select) and not uniform(em, e, s, row, True):  # a comparison's lanes select
+        assert isinstance(e.cond, Binop)
+        a, b, then, other = (vexpr(em, x, env, s, row, loads, lane, half)
+                             for x in (e.cond.lhs, e.cond.rhs, e.then, e.other))
+        return f"{v}_select(({v}i)({a} {e.cond.op} {b}), {then}, {other})"
     if isinstance(e, (Convert, Select)) or isinstance(e, Call) and e.fn not in LOOP_CALLS:  # vector_expr's uniform()
         return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Call):
@@ -425,6 +453,8 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
             return f"(tc_vf_set1(1.0f) / (tc_vf_set1(1.0f) + tc_vf_exp(-{arg})))"
         return f"tc_vf_{e.fn}({arg})"
     assert isinstance(e, Read)
+    if e.conditional:  # vector_expr's _in_range: the unconditional read's element, unchecked
+        e = replace(e, conditional=False)
     if id(e) in em.packed and lane is not None:  # codegen.lower's pack pass: from the panels
         at = f"{em.packed[id(e)]}{lane}]"
         return _named(f"{h}_load(&{at})", True, loads)

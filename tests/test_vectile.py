@@ -256,8 +256,8 @@ def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D:
 @pytest.mark.parametrize("D", [48, 50])
 def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     """Broadcast reads and a constant in a vector loop of two statements; the loop, which updates
-    Y in place, takes the vector form only where the rows are whole vectors (no overlapping
-    rewrite)."""
+    Y in place, ends rows that are not whole vectors in a masked vector (an overlapping one would
+    update its elements twice)."""
     rng = np.random.default_rng(3)
     X = rng.random((8, D), dtype=np.float32)
     M = rng.random(8, dtype=np.float32)
@@ -265,10 +265,41 @@ def test_vector_loop_broadcast_and_in_place(D: int) -> None:
     k = tc.define(SCALE)
     src = k.source(X, M, S)
     stores = [line for line in src.split("\n") if "tc_vf_store(&" in line]
-    assert len(stores) == (2 if D % toolchain.target().lanes("float32") == 0 else 0), src
+    masked = [line for line in _kernel_text(src).split("\n") if "tc_vf_store_n(" in line]
+    whole = D % toolchain.target().lanes("float32") == 0
+    assert len(stores) == 2 and len(masked) == (0 if whole else 2), src
+    assert ("+ 1 masked" in str(k.lowered(X, M, S).lowered_ir)) != whole
     want = ((X.astype(np.float64) - M[:, None]) * 0.5 / S[:, None]) * X
     # a handful of roundings, relative to |X| + |M| where X - M cancels (all inputs are positive)
     assert_close(k(X, M, S), want, terms=4, scale=((X + M[:, None]) * 0.5 / S[:, None]) * X)
+
+
+MASK = """def mask(float(N,D) G, float(N,D) O, float(D) B) -> (Y, Z) {
+    Y(n,d) = G(n,d)
+    Y(n,d) = Y(n,d) * ((O(n,d) + B(d) >= 0.0) ? 1.0 : 0.0)
+    Z(n,d) = O(n,d) < G(n,d) ? O(n,d) : -G(n,d)
+}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("D", [203, 64])
+def test_vector_loops_select_on_comparisons(D: int, dtype: str, target: cputarget.CpuTarget) -> None:
+    """A pointwise loop's ``?:`` on a comparison of its values (a relu's backward mask, a
+    min-like choice whose branches read what the comparison read) runs in vectors, lane by lane:
+    both sides, then a select, as the vectorise pass prints; the mask updates Y in place, so
+    rows of 203 end in a masked vector. Exactly numpy's values, NaN comparing false."""
+    rng = np.random.default_rng(4)
+    G, O = (rng.standard_normal((40, D)).astype(dtype) for _ in range(2))
+    B = rng.standard_normal(D).astype(dtype)
+    O[3, 5] = O[7, D - 1] = np.nan
+    k = tc.define(MASK.replace("float(", f"{dtype}("))
+    text = str(k.lowered(G, O, B).lowered_ir)
+    lanes = target.lanes(dtype)
+    assert text.count(" lanes") == 2 and ("+ 1 masked" in text) == (D % lanes != 0), text
+    Y, Z = k(G, O, B)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(Y, G * np.where(O + B >= 0, 1.0, 0.0).astype(dtype))
+        np.testing.assert_array_equal(Z, np.where(O < G, O, -G))
 
 
 ROWS = """def rows(float(N,D) X, float(N,D) Y) -> (S, P, MX, MN, Q) {
