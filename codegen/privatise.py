@@ -65,7 +65,7 @@ def privatise(ir: LoopIR, f: Facts) -> LoopIR:
             continue
         loops = _loops(calls, row.var, f, _next_var(ir))
         body[i] = replace(row, body=(*row.body, *loops), private=targets, blocks=blocks)
-        early = [body[j] for j in sorted(moved)]
+        early = [body[j] for j in sorted(set(moved))]
         out = [n for j, n in enumerate(body) if j not in taken and j not in moved]
         at = out.index(body[i])
         return replace(ir, body=tuple(out[:at] + early + out[at:]))  # one row loop per kernel
