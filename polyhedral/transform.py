@@ -39,13 +39,13 @@ BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this s
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
+SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
+CROSS_TILE = 64
+CROSS_CONTIG_TILE = 1024
 # channel vectors per tile in plan's AVX2 conv form, the first that divides the channels: three for
 # 24 channels (the input gradient of a 24-channel conv, 6x24x30x30 with 40 filters, 2 threads, paired
 # rounds: 1.27-1.29x the tile along the columns it took before); five (40 filters) gained nothing
 CHANNEL_VECTORS = (4, 3, 2)
-SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
-CROSS_TILE = 64
-CROSS_CONTIG_TILE = 1024
 
 
 @dataclass(frozen=True)
