@@ -59,6 +59,8 @@ def privatise(ir: LoopIR, f: Facts) -> LoopIR:
             continue
         blocks = min(BLOCKS_PER_CORE * max(1, f.target.cores), rows)
         targets = tuple(dict.fromkeys(f.scop.tc_statement(c.stmt).tensor for c in calls))
+        if any(isinstance(c, LCall) and f.scop.tc_statement(c.stmt).tensor in targets for c in walk(row.body)):
+            continue  # the row loop writes a target itself (an init run there): its writes would go to the partials
         if rows * sum(_elements(f, t) * _itemsize(f, t) for t in targets) < f.target.l2:
             continue  # what the sums read again stays in L2: the partial rows would cost more than they save
         if blocks * sum(_elements(f, t) * _itemsize(f, t) for t in targets) > PARTIAL_BYTES:
