@@ -24,6 +24,7 @@ from tcdsl.core.checked import reads
 from tcdsl.core.dtypes import np_dtype
 from tcdsl.polyhedral.loopir import LCall, LFor, LInt, LNode, LoopIR, LOp, LVar, trip_count, walk
 
+from . import memshare
 from .facts import Facts
 
 BLOCKS_PER_CORE = 8  # row blocks per core (as tc_chunk's chunks of a parallel loop)
@@ -61,9 +62,10 @@ def privatise(ir: LoopIR, f: Facts) -> LoopIR:
         targets = tuple(dict.fromkeys(f.scop.tc_statement(c.stmt).tensor for c in calls))
         if any(isinstance(c, LCall) and f.scop.tc_statement(c.stmt).tensor in targets for c in walk(row.body)):
             continue  # the row loop writes a target itself (an init run there): its writes would go to the partials
-        if rows * sum(_elements(f, t) * _itemsize(f, t) for t in targets) < f.target.l2:
+        row_bytes = sum(memshare.elements(f.shapes[t]) * _itemsize(f, t) for t in targets)
+        if rows * row_bytes < f.target.l2:
             continue  # what the sums read again stays in L2: the partial rows would cost more than they save
-        if blocks * sum(_elements(f, t) * _itemsize(f, t) for t in targets) > PARTIAL_BYTES:
+        if blocks * row_bytes > PARTIAL_BYTES:
             continue
         loops = _loops(calls, row.var, f, _next_var(ir))
         body[i] = replace(row, body=(*row.body, *loops), private=targets, blocks=blocks)
@@ -148,13 +150,6 @@ def _contiguous(f: Facts, tensor: str) -> bool:
             return False
         want *= shape[d]
     return True
-
-
-def _elements(f: Facts, tensor: str) -> int:
-    n = 1
-    for e in f.shapes[tensor]:
-        n *= e
-    return n
 
 
 def _itemsize(f: Facts, tensor: str) -> int:
