@@ -207,6 +207,10 @@ def _body(em: _Emitter, vl: VectorLoop, tail: bool = False, rest: int = 0) -> No
 
 
 ACCUM_PARTS = 4  # vector accumulators of a row reduction: a sum's adds overlap (4-cycle latency, 2 pipes)
+# the shortest reduction loop that runs in one masked vector where it is shorter than a vector: the
+# weight gradient of a conv on 8x8 images (32 images, 4 filters, 3x3 window padded by 1) 41 -> 12 us
+# on AVX-512, where GCC's `omp simd` sum of 7 or 8 columns ran in scalars
+MIN_TRIPS = 4
 
 
 @dataclass(frozen=True)
@@ -214,10 +218,12 @@ class VectorAccum:
     """A reduction nest (codegen.lower.accumulation) whose innermost loop runs in explicit vectors:
     ``parts`` accumulators of ``lanes`` lanes take its whole vectors in turn, and where the loop is
     not a whole number of vectors, one more takes its last ``trips % lanes`` elements in a masked
-    vector (reading only them; the other lanes add the identity). The accumulators live across the
-    loops around it, and are combined at the end, lane by lane, into the local. With one `omp simd`
-    accumulator each add waits for the one before (a sum of a 1024-row: 64 dependent adds); the
-    order of the sum is unspecified either way, and max/min give the same value."""
+    vector (reading only them; the other lanes add the identity). A loop shorter than a vector (at
+    least MIN_TRIPS: a weight gradient's 8-column rows on AVX-512) runs in that masked vector alone.
+    The accumulators live across the loops around it, and are combined at the end, lane by lane,
+    into the local. With one `omp simd` accumulator each add waits for the one before (a sum of a
+    1024-row: 64 dependent adds); the order of the sum is unspecified either way, and max/min give
+    the same value."""
     accum: LAccum
     stmt: Statement
     row: str
@@ -231,6 +237,8 @@ class VectorAccum:
 
     def __str__(self) -> str:
         rows = f" per {self.accum.loops[-1].var} row" if len(self.accum.loops) > 1 else ""
+        if self.trips < self.lanes:
+            return f"{self.trips} of {self.lanes} lanes masked" + rows
         return f"{self.parts} x {self.lanes} lanes" + (f" + {self.rest} masked" if self.rest else "") + rows
 
 
@@ -248,7 +256,7 @@ def plan_accum(em: Facts, a: LAccum) -> VectorAccum | None:
     lanes = em.target.lanes(dtype)
     args = dict(zip(st.indices, a.call.args))
     along = [name for name, arg in args.items() if n.var in expr_vars(arg)]
-    if lanes < 2 or trips < lanes or len(along) != 1 or not plus_var(args[along[0]], n.var):
+    if lanes < 2 or trips < min(lanes, MIN_TRIPS) or len(along) != 1 or not plus_var(args[along[0]], n.var):
         return None
     if not vector_expr(em, s.rhs, s, along[0], loop=True):
         return None

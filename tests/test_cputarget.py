@@ -268,3 +268,41 @@ def test_a_strided_conv_gets_a_register_tile(isa: str, monkeypatch: pytest.Monke
     win = np.lib.stride_tricks.sliding_window_view
     assert_sum_close(conv(I, W), lambda a, b: np.einsum(
         "nchwkl,fckl->nfhw", win(a, (3, 3), axis=(2, 3))[:, :, ::2, ::2], b), I, W, terms=8 * 9)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_padded_weight_gradient_of_few_filters_sums_its_rows_in_vectors(isa: str, monkeypatch: pytest.MonkeyPatch
+                                                                         ) -> None:
+    """The weight gradient of a padded 3x3 conv on small images with few filters (a tiny training
+    layer: 4 filters, 8x8 images) is split into boundary pieces whose only longer parallel member,
+    the filters, is shorter than a vector: no register tile runs across it (strided, in scalars);
+    each piece sums its rows in vectors, every filter at once, as the passes print. Against numpy."""
+    t = cputarget.preset(isa)
+    piece = [MemberInfo(0, 1, 2, 4, 256, 4), MemberInfo(0, 3, 0, 1), MemberInfo(0, 3, 0, 1), MemberInfo(0, 3, 0, 1),
+             MemberInfo(0, 1, 2, 32, 1024, 32), MemberInfo(0, 1, 2, 7, 32, 8), MemberInfo(2, 1, 0, 7, 4, 8)]
+    p = plan(piece, [True] * 4 + [False] * 3, MappingOptions(), t, 4, boundary=True)
+    assert p.register == [1] * 7 and p.order[-3:] == [4, 5, 6], p
+    dw = tc.define("""def dw(float(N,C,H,W) I, float(N,F,H,W) dO) -> (dW) {
+        dW(f, c, kh, kw) +=! dO(n, f, h, w) * I(n, c, h + kh - 1, w + kw - 1)
+            where kh in 0:3, kw in 0:3, h in 0:H, w in 0:W
+    }""")
+    rng = np.random.default_rng(8)
+    I, dO = rng.standard_normal((32, 1, 8, 8)).astype(np.float32), rng.standard_normal((32, 4, 8, 8)).astype(np.float32)
+    text = str(dict(dw.lowered(I, dO, target=t).passes)["vectorise"])
+    assert "register tile" not in text, text
+    sums = [line for line in text.split("\n") if "// accumulate S1" in line]
+    lanes = t.lanes("float32")
+    assert len(sums) == 9 and all("the elements of c0 at once" in line for line in sums), text
+    # the pieces' rows: 7 columns (a boundary column cut off) in one masked vector, 8 on AVX-512 too
+    assert sum(f"vector 7 of {lanes} lanes masked per" in line for line in sums) == 6, text
+    assert sum((f"vector 8 of {lanes} lanes masked" if lanes > 8 else "vector 1 x 8 lanes per") in line
+               for line in sums) == 3, text
+    if isa not in runnable_of(isa):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", isa)
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (3, 3), axis=(2, 3))
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    got = dw(I, dO)
+    assert np.all(np.abs(got - ref) <= 32 * 64 * np.finfo(np.float32).eps * scale + 1e-30)

@@ -380,12 +380,13 @@ NEST = """def nest(float(N,F,W) A, float(N,C,W) B, float(N,F,H,W) dO, float(N,C,
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("W", [30, 32])
+@pytest.mark.parametrize("W", [30, 32, 12, 7])
 def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: str,
                                                                  target: cputarget.CpuTarget) -> None:
     """A reduction over a nest of loops (a conv's weight gradient: batch, rows, columns) keeps its
     element and its vector accumulators across the whole nest, as the passes print, with each
-    row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2); the
+    row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2; rows
+    shorter than a vector, 7 or 12 columns, in that masked vector alone); the
     sums take the elements of the short loops around them at once (the weight gradient's 3x3
     window, one accumulator a tap, its masked vector included: nine fit every target), max and
     min one element each;
@@ -399,9 +400,10 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     k = tc.define(NEST.replace("float(", f"{dtype}("))
     lanes = target.lanes(dtype)
     rest = f" + {W % lanes} masked" if W % lanes else ""
+    form = f" x {lanes} lanes{rest} per " if W >= lanes else f"vector {W} of {lanes} lanes masked per "
     text = str(dict(k.lowered(A, B, dO, I).passes)["vectorise"])
     lines = {line.split("accumulate ")[1].split(" ")[0]: line for line in text.split("\n") if "// accumulate" in line}
-    assert len(lines) == 4 and all(f" x {lanes} lanes{rest} per " in x for x in lines.values()), text
+    assert len(lines) == 4 and all(form in x for x in lines.values()), text
     assert all(", " in x.split(" over ")[1].split(" in a local")[0] for x in lines.values()), text  # nests, not rows
     assert "at once" in lines["S1"] and "at once" in lines["S4"], text  # the sums: several elements at once
     # the weight gradient's whole 3x3 window, one accumulator a tap (AVX2 holds nine too)
