@@ -422,3 +422,19 @@ def test_gradcheck_in_float32_points_to_double() -> None:
     # a hand-written backward is widened with it
     user = tc.define(CASES[0].source.replace("double", "float"), backward=BWD_SCALED.replace("double", "float"))
     assert user.double().backward_source().startswith("def matmul_grad(float64(M, K) A, float64(K, N) B")
+
+
+@pytest.mark.cpu
+def test_the_training_example_trains_and_times_both_models(tmp_path: Path) -> None:
+    """``examples/train_conv.py`` trains its tcdsl layer (it exits non-zero unless the loss halves)
+    and prints the time per step of it and of torch's own layers."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "train_conv.py"
+    env = {**os.environ, "TCDSL_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "def conv_bias_relu_grad(" in run.stdout  # the derived backward, printed
+    ratio = float(run.stdout.split("tcdsl trains at ")[1].split("x")[0])
+    assert ratio > 0 and "held-out accuracy" in run.stdout, run.stdout
