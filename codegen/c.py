@@ -128,8 +128,9 @@ static inline long tc_chunk(long trips) {
 """
 
 # A copy into packed panels this large, made once before the parallel loops that read it, is made
-# by every thread: a padded conv's weight gradient 8x64x56x56 packs its input (6 MB) for each of
-# its eight boundary pieces (2 threads: 94 -> 86 ms); a small one (a conv's weights) stays serial.
+# by every thread: matmul's B (4 MB at 960x1000x1088 on AVX2); a padded conv's weight gradient
+# 8x64x56x56 packed its input (6 MB) for each of its eight boundary pieces (2 threads: 94 -> 86 ms).
+# A small one (a conv's weights) stays serial.
 PARALLEL_PACK_BYTES = 1 << 18
 
 # A kernel with vector register tiles is compiled without GCC's predictive commoning: the tiles

@@ -120,10 +120,18 @@ class VectorTile:
     # that it has that many rows, and the tile of that many rows in vectors
     rests: tuple[tuple[LExpr, VectorTile], ...] = ()
     rolled: tuple[str, ...] = ()  # short serial loops printed as loops, not peeled (see _rolled)
+    narrow: bool = False  # every vector a half vector: the row is shorter than a whole one
+
+    def is_half(self, start: int) -> bool:
+        """The vector at ``start`` in a row is a half vector."""
+        return self.narrow or (self.half and start == self.starts[-1])
 
     def __str__(self) -> str:
-        text = f"{len(self.starts)}x{self.lanes} lanes per row along {self.row}, starts {list(self.starts)}"
-        if self.half:
+        width = self.lanes // 2 if self.narrow else self.lanes
+        text = f"{len(self.starts)}x{width} lanes per row along {self.row}, starts {list(self.starts)}"
+        if self.narrow:
+            text += ", half vectors"
+        elif self.half:
             text += f", the last a half vector of {self.lanes // 2}"
         if self.stride != 1:
             text += f", gathered (the row {self.stride} elements apart)"
@@ -155,7 +163,7 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
     if any(trip_count(f) not in (None, e) for f, e in zip(rt.inner, rt.extents)):
         return None
     extent = rt.extents[-1]
-    if extent < lanes or lanes < 2:
+    if lanes < 2 or extent < max(2, lanes // 2):
         return None
     args = dict(zip(st.indices, rt.call.args))
     along = [name for name, a in args.items() if vec.var in expr_vars(a)]
@@ -174,11 +182,19 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
     rows = 1
     for e in rt.extents[:-1]:
         rows *= e
-    starts = tuple(range(0, extent - lanes + 1, lanes))
-    # a row's last few elements, if they fit in a half vector, take one (a sum of products only)
-    half = (em.target.half_vectors and stride == 1 and dtype in VECTOR_DTYPES and s.op == "+"
-            and 0 < extent % lanes <= lanes // 2 and _half_expr(s.rhs))
-    if extent % lanes:
+    # half vectors (a sum of products only): a row's last few elements, where they fit in one; a
+    # row shorter than a vector in half vectors alone (``narrow``), the last overlapping the one
+    # before: AVX-512, a conv's interior rows 12 wide (8x16x14x14 images, 32 filters) ran in
+    # GCC's `omp simd` code
+    halves_ok = (em.target.half_vectors and stride == 1 and dtype in VECTOR_DTYPES and s.op == "+"
+                 and _half_expr(s.rhs))
+    narrow = extent < lanes
+    if narrow and not halves_ok:
+        return None
+    width = lanes // 2 if narrow else lanes
+    starts = tuple(range(0, extent - width + 1, width))
+    half = narrow or (halves_ok and 0 < extent % lanes <= lanes // 2)
+    if extent % width:
         starts += (extent - lanes // 2 if half else extent - lanes,)
     if rows * len(starts) > em.target.accumulators:
         return None
@@ -198,7 +214,7 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
         shift_ok = LOp("&&", (*full[:-1], shift_ok))
     rests = _rests(em, rt, omp_vars, loops)
     return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half, rests,
-                      _rolled(em, rt, s, row))
+                      _rolled(em, rt, s, row), narrow)
 
 
 ROLLED_TRIPS = 16  # serial loops this short, which GCC would peel completely, are candidates for _rolled
@@ -506,14 +522,17 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
 
     v = vector_type(s.rhs.dtype)
     hv = half_type(s.rhs.dtype) if vt.half else v
-    halves = {key for key in tiles if vt.half and key[1] == vt.starts[-1]}
+    halves = {key for key in tiles if vt.is_half(key[1])}
 
     def vtype(key: tuple[tuple[int, ...], int]) -> str:
         return hv if key in halves else v
 
     starts = vt.starts
-    overlap = " (the last overlapping the one before)" if len(starts) > 1 and starts[-1] < starts[-2] + vt.lanes else ""
-    if vt.half:
+    width = vt.lanes // 2 if vt.narrow else vt.lanes
+    overlap = " (the last overlapping the one before)" if len(starts) > 1 and starts[-1] < starts[-2] + width else ""
+    if vt.narrow:
+        w.line(f"// in {len(starts)} half vectors of {vt.lanes // 2} per row{overlap}")
+    elif vt.half:
         w.line(f"// in {len(starts) - 1} vectors of {vt.lanes} and one of {vt.lanes // 2} per row{overlap}")
     else:
         w.line(f"// in {len(starts)} vectors of {vt.lanes} per row{overlap}")

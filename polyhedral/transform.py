@@ -253,6 +253,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     narrow = contig  # a boundary column's own contiguous member (one or two wide)
     if column:
         contig = best = longer[-1]
+    if target.half_vectors and contig is not None and lanes // 2 <= infos[contig].extent < lanes:
+        lanes //= 2  # rows shorter than a vector run in half vectors (codegen.vectile: narrow tiles)
     row = None
     rows: list[int] = []
     # (not when the contiguous member is a few wide, as a 3x3 weight gradient's: its register tile

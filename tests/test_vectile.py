@@ -711,6 +711,45 @@ def test_half_vector_ends_a_row(dtype: str, K: int, target: cputarget.CpuTarget)
     assert_close(got, want, terms=2 * K, scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("K", [300, 40])
+def test_rows_shorter_than_a_vector_run_in_half_vectors(dtype: str, K: int, target: cputarget.CpuTarget) -> None:
+    """A row shorter than a vector but at least half one runs in half vectors where the target has
+    them (AVX-512: 12 float32 in two of 8, from 0 and 4; 6 float64 in two of 4, from 0 and 2): the
+    scalar code's bits, close to numpy; elsewhere whole vectors or scalars. A padded conv's 12-wide
+    interior (14x14 images) too, its tile planned for half vectors, close to numpy."""
+    N = {"float32": 12, "float64": 6}[dtype]
+    rng = np.random.default_rng(14)
+    A = (rng.random((24, K)) * 2 - 1).astype(dtype)
+    B = (rng.random((K, N)) * 2 - 1).astype(dtype)
+    k = tc.define(MATMUL_T.format(t={"float32": "float", "float64": "double"}[dtype]))
+    src = _kernel_text(k.source(A, B))
+    lanes = target.lanes(dtype)
+    assert (f"in 2 half vectors of {lanes // 2} per row (the last overlapping the one before)" in src) == \
+        target.half_vectors, src
+    got = k(A, B)
+    np.testing.assert_array_equal(k(A, B, options=MappingOptions(vectorize=False)), got)
+    want = A.astype(np.float64) @ B - 0.5 * A.sum(1, dtype=np.float64)[:, None]
+    assert_close(got, want, terms=2 * K, scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
+    if dtype == "float64" or K == 40:
+        return
+    conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+    }""")
+    I = rng.standard_normal((2, 16, 14, 14)).astype(np.float32)
+    W1 = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    text = str(conv.lowered(I, W1).lowered_ir)
+    interior = [line for line in text.split("\n") if "register tile" in line and "along w" in line]
+    assert interior and all(("half vectors" in line) == target.half_vectors for line in interior), text
+    got = conv(I, W1)
+    win = np.lib.stride_tricks.sliding_window_view(np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    assert_close(got, _conv_win(win, W1), terms=16 * 9, scale=_conv_win(np.abs(win), np.abs(W1)))
+
+
+def _conv_win(win: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np.einsum("nchwkl,fckl->nfhw", win, W, dtype=np.float64)
+
+
 SOFTMAX_THEN_READ = """def sm(float(N,D) X) -> (Y, Z) {
     mx(n) max=! X(n,r_d)
     e(n,d) = exp(X(n,d) - mx(n))
@@ -887,19 +926,36 @@ WGRAD_SAME = """def wgrad(float(N,C,H,W) I, float(N,F,H,W) dO) -> (dW) {
 
 @pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
 def test_large_shared_packs_are_copied_by_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A padded conv's weight gradient packs its input once per boundary piece, before the
-    parallel loops that read it; a pack of at least PARALLEL_PACK_BYTES is copied by every thread
-    (`omp parallel for` on its outermost loop), a small one serially: the numbers of numpy."""
+    """A pack made once before the parallel loops that read it (matmul's B, a conv's weights) is
+    copied by every thread (`omp parallel for` on its outermost loop) where it takes at least
+    PARALLEL_PACK_BYTES (the matrix), a small one (the weights) serially: the numbers of numpy."""
     monkeypatch.setenv("TCDSL_CPU", "avx2")
+    rng = np.random.default_rng(4)
+    I = rng.standard_normal((2, 64, 30, 58)).astype(np.float32)
+    W1 = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    A, B = rng.standard_normal((960, 1000)).astype(np.float32), rng.standard_normal((1000, 1088)).astype(np.float32)
+    conv, mm = tc.define(CONV), tc.define(MATMUL)
+    copies = []
+    for tensor, kernel, args in (("W1", conv, (I, W1)), ("B", mm, (A, B))):
+        text = kernel.lowered(*args).source.text
+        copies += re.findall(rf"read {tensor} from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk", text, re.S)
+    big = [int(n) * int(d) * int(w) * 4 >= cgen.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
+    assert len(copies) == 2 and big == [False, True], copies
+    assert all(("#pragma omp parallel for schedule(static)" in c[3]) == b for c, b in zip(copies, big)), copies
+    assert_close(mm(A, B), _mm(A, B), terms=1000, scale=_mm(np.abs(A), np.abs(B)))
+    assert_close(conv(I, W1), _conv(I, W1), terms=64 * 9, scale=_conv(np.abs(I), np.abs(W1)))
+
+
+def test_a_padded_weight_gradient_sums_each_tap_over_its_rows() -> None:
+    """A padded conv's weight gradient, split into a piece per tap of its window, sums each piece
+    over the images' rows in vectors (its reductions innermost, not a register tile across the
+    channels): the numbers of numpy."""
     rng = np.random.default_rng(4)
     N, C, F, H, W = 2, 32, 64, 40, 40
     I, dO = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((N, F, H, W)).astype(np.float32)
     k = tc.define(WGRAD_SAME)
-    text = k.lowered(I, dO).source.text
-    copies = re.findall(r"read I from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk", text, re.S)
-    big = [int(n) * int(d) * int(w) * 4 >= cgen.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
-    assert any(big), text
-    assert all(("#pragma omp parallel for schedule(static)" in c[3]) == b for c, b in zip(copies, big)), text
+    text = str(k.lowered(I, dO).lowered_ir)
+    assert "register tile" not in text and text.count("// accumulate S1 over") == 9, text
     pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     win = np.lib.stride_tricks.sliding_window_view(pad, (3, 3), axis=(2, 3))[:, :, :H, :W]
     want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
