@@ -938,7 +938,8 @@ def test_large_shared_packs_are_copied_by_every_thread(monkeypatch: pytest.Monke
     copies = []
     for tensor, kernel, args in (("W1", conv, (I, W1)), ("B", mm, (A, B))):
         text = kernel.lowered(*args).source.text
-        copies += re.findall(rf"read {tensor} from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk", text, re.S)
+        pattern = rf"read {tensor} from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk"
+        copies += re.findall(pattern, text, re.S)
     big = [int(n) * int(d) * int(w) * 4 >= cgen.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
     assert len(copies) == 2 and big == [False, True], copies
     assert all(("#pragma omp parallel for schedule(static)" in c[3]) == b for c, b in zip(copies, big)), copies
