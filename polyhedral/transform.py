@@ -452,6 +452,12 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
                 order = [i for i in range(n) if i in par and i != first] + [first] + red
 
     tile = _fit(options.tile, n, 0) if options.tile is not None else [default_tile(i) for i in range(n)]
+    if options.tile is None and red and row is None and contig is None and \
+            sum(1 < tile[i] < infos[i].extent for i in par) == 1:
+        # reductions innermost, one parallel member cut into tiles: the others whole inside each of
+        # its tiles, the tiles reuse nothing more than the loop whole, and its point loop would be
+        # cut short (a weight gradient's 40 filters in 32 + 8: no strips of two, codegen.vecloop)
+        tile = [0 if i in par else t for i, t in enumerate(tile)]
     if spread and options.tile is None and n == 1 and par:
         # One parallel loop: tiled, it is only cut into strips, which reuse nothing more. Around
         # nests of its own (a row loop), the strips would be the threads' shares, and a few of them
