@@ -359,7 +359,8 @@ def test_parts_that_do_not_move_along_the_vectors_are_broadcast(dtype: str, targ
     k = tc.define(UNIFORM.replace("float(", f"{dtype}("))
     text = str(k.lowered(X, V, G).lowered_ir)
     lanes = target.lanes(dtype)
-    assert re.search(rf"accumulate S1 over c\d+ in a local \(simd; vector {min(4, 203 // lanes)} x {lanes} lanes", text), text
+    sums = rf"accumulate S1 over c\d+ in a local \(simd; vector {min(4, 203 // lanes)} x {lanes} lanes"
+    assert re.search(sums, text), text
     if lanes >= 4:  # (two lanes: the column tile's 203 columns in tiles of 12 with bounds it does not vectorise)
         assert re.search(r"register tile of S3 .*; vector \d+x\d+ lanes per row", text), text
     assert re.search(r"S2\(.*\n?", text) and re.search(r"hoist .* vector \d+ x \d+ lanes", text), text
