@@ -306,3 +306,35 @@ def test_a_padded_weight_gradient_of_few_filters_sums_its_rows_in_vectors(isa: s
     scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
     got = dw(I, dO)
     assert np.all(np.abs(got - ref) <= 32 * 64 * np.finfo(np.float32).eps * scale + 1e-30)
+
+
+def test_reductions_innermost_keep_a_lone_tiled_parallel_member_whole() -> None:
+    """A weight gradient's band (filters, channels, the window; then images, rows, columns summed
+    innermost) cuts no parallel member into cache tiles when only one of them would be: its tiles
+    reuse nothing, and 40 filters in 32 + 8 leave no whole strips of two for the jammed sums.
+    Where two of them are tiled (512 x 512 channels), both keep their tiles."""
+    t = cputarget.preset("avx512")
+
+    def band(f: int, c: int) -> list[MemberInfo]:
+        return [MemberInfo(0, 1, 2, f, 3136, f), MemberInfo(0, 1, 2, c, 3600, c), MemberInfo(0, 1, 2, 3, 120, 3),
+                MemberInfo(1, 1, 1, 3, 4, 3), MemberInfo(0, 0, 2, 6, 1, 6), MemberInfo(0, 0, 2, 28, 1, 28),
+                MemberInfo(2, 0, 0, 28, 4, 28)]
+
+    coincident = [True] * 4 + [False] * 3
+    assert plan(band(40, 24), coincident, MappingOptions(), t, 4).tile[:4] == [0, 0, 0, 0]
+    wide = plan(band(512, 512), coincident, MappingOptions(), t, 4).tile
+    assert 1 < wide[0] < 512 and 1 < wide[1] < 512, wide
+    conv = tc.define("""def cbr(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {
+        O(n, f, h, w) +=! I(n, r_c, h + r_kh, w + r_kw) * Wt(f, r_c, r_kh, r_kw)
+    }""")
+    rng = np.random.default_rng(9)
+    I, W = rng.standard_normal((2, 24, 10, 10)).astype(np.float32), rng.standard_normal((40, 24, 3, 3)).astype(np.float32)
+    grad = tc.define(conv.backward_source(wrt=["Wt"]))
+    dO = rng.standard_normal((2, 40, 8, 8)).astype(np.float32)
+    text = str(grad.lowered(I, W, dO, target=t).lowered_ir)
+    assert re.search(r"for \(c\d+ = 0; \(c\d+ <= 39\); c\d+ \+= 2\)  // parallel omp", text), text
+    win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))
+    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    got = grad(I, W, dO)
+    assert np.all(np.abs(got - want) <= 2 * 64 * np.finfo(np.float32).eps * scale + 1e-30)
