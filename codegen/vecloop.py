@@ -39,7 +39,7 @@ from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar,
 
 from .facts import Facts
 from .vecisa import vector_type
-from .vectile import REDUCTIONS, VECTOR_DTYPES, _substitute, elem_step, plus_var, unparen, vector_expr, vexpr
+from .vectile import REDUCTIONS, VECTOR_DTYPES, elem_step, plus_var, substitute, unparen, vector_expr, vexpr
 
 if TYPE_CHECKING:
     from .c import _Emitter
@@ -409,7 +409,7 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     if strip is not None:
         at, strip_loop = strip
         moved = {outer[at].var: LOp("+", (LVar(outer[at].var), LVar(strip_loop.var)))}
-        call = replace(acc.call, args=tuple(_substitute(x, moved) for x in acc.call.args))
+        call = replace(acc.call, args=tuple(substitute(x, moved) for x in acc.call.args))
         nest: LFor | LCall = call
         loops: list[LFor] = []
         for g in reversed(acc.loops):  # the perfect nest around the call, rebuilt around the new one

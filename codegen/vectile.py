@@ -314,7 +314,7 @@ def _shift(em: Facts, rt: LTile, s: Statement, row: str, at: LExpr,
     lo = box.lo.subs({k: Sym.of(v) for k, v in em.scop.inst.sizes.items()})
     if not lo.is_const():
         return None
-    return start, LOp(">=", (_substitute(at, {vec.var: start}), LInt(lo.const)))
+    return start, LOp(">=", (substitute(at, {vec.var: start}), LInt(lo.const)))
 
 
 def plus_var(e: LExpr, var: str) -> bool:
@@ -514,7 +514,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
     def env_at(combo: tuple[int, ...], start: int) -> dict[str, str]:
         values: dict[str, int | LExpr] = {f.var: _init(f) + k for f, k in zip(outer, combo)}
         values[vec.var] = _init(vec) + start if shift is None else LOp("+", (shift, LInt(start)))
-        env = {name: f"({em._lexpr(_substitute(a, values))})" for name, a in args.items()}
+        env = {name: f"({em._lexpr(substitute(a, values))})" for name, a in args.items()}
         return env
 
     def target(combo: tuple[int, ...], start: int) -> str:
@@ -636,12 +636,14 @@ def _init(f: LFor) -> int:
     return f.init.value
 
 
-def _substitute(e: LExpr, values: Mapping[str, int | LExpr]) -> LExpr:
+def substitute(e: LExpr, values: Mapping[str, int | LExpr]) -> LExpr:
+    """``e`` with the loop variables of ``values`` replaced by their values (constants or
+    expressions), constants of sums folded."""
     if isinstance(e, LVar) and e.name in values:
         v = values[e.name]
         return LInt(v) if isinstance(v, int) else v
     if isinstance(e, LOp):
-        args = tuple(_substitute(a, values) for a in e.args)
+        args = tuple(substitute(a, values) for a in e.args)
         if e.op == "+":  # fold the constants: ``c2 + 16``, not ``c2 + 0 + 16``
             const = sum(a.value for a in args if isinstance(a, LInt))
             rest = tuple(a for a in args if not isinstance(a, LInt))
