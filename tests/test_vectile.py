@@ -697,11 +697,7 @@ def test_half_vector_ends_a_row(dtype: str, K: int, target: cputarget.CpuTarget)
     """A row whose last elements fit in half a vector ends in a half vector where the target has
     them (AVX-512: 50 float32 = 3 x 16 + 2, the half vector from 42; 20 float64 = 2 x 8 + 4, from
     16); elsewhere in whole vectors. Either way the scalar code's bits, close to numpy."""
-    N = {"float32": 50, "float64": 20}[dtype]
-    rng = np.random.default_rng(13)
-    A = (rng.random((24, K)) * 2 - 1).astype(dtype)
-    B = (rng.random((K, N)) * 2 - 1).astype(dtype)
-    k = tc.define(MATMUL_T.format(t={"float32": "float", "float64": "double"}[dtype]))
+    k, A, B = _matmul_t(dtype, K, {"float32": 50, "float64": 20}[dtype], 13)
     src = _kernel_text(k.source(A, B))
     half = "tc_hf" if dtype == "float32" else "tc_hd"
     lanes = target.lanes(dtype)
@@ -710,10 +706,24 @@ def test_half_vector_ends_a_row(dtype: str, K: int, target: cputarget.CpuTarget)
         assert f"{half}_store(&t2[" in src and f"{half}_lo(b" in src
         assert f"one of {lanes // 2} per row" in src
         assert (f"{half} a" in src and f"= {half}_load(&t2[" in src) == (K == 300), src
+    _check_matmul_t(k, A, B)
+
+
+def _matmul_t(dtype: str, K: int, N: int, seed: int) -> tuple[tc.Kernel, np.ndarray, np.ndarray]:
+    """MATMUL_T in ``dtype`` and its inputs: 24 x K and K x N, uniform in [-1, 1)."""
+    rng = np.random.default_rng(seed)
+    A = (rng.random((24, K)) * 2 - 1).astype(dtype)
+    B = (rng.random((K, N)) * 2 - 1).astype(dtype)
+    return tc.define(MATMUL_T.format(t={"float32": "float", "float64": "double"}[dtype])), A, B
+
+
+def _check_matmul_t(k: tc.Kernel, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """The scalar code's bits, close to numpy."""
     got = k(A, B)
     np.testing.assert_array_equal(k(A, B, options=MappingOptions(vectorize=False)), got)
     want = A.astype(np.float64) @ B - 0.5 * A.sum(1, dtype=np.float64)[:, None]
-    assert_close(got, want, terms=2 * K, scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
+    assert_close(got, want, terms=2 * A.shape[1], scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
+    return got
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -723,24 +733,18 @@ def test_rows_shorter_than_a_vector_run_in_half_vectors(dtype: str, K: int, targ
     them (AVX-512: 12 float32 in two of 8, from 0 and 4; 6 float64 in two of 4, from 0 and 2): the
     scalar code's bits, close to numpy; elsewhere whole vectors or scalars. A padded conv's 12-wide
     interior (14x14 images) too, its tile planned for half vectors, close to numpy."""
-    N = {"float32": 12, "float64": 6}[dtype]
-    rng = np.random.default_rng(14)
-    A = (rng.random((24, K)) * 2 - 1).astype(dtype)
-    B = (rng.random((K, N)) * 2 - 1).astype(dtype)
-    k = tc.define(MATMUL_T.format(t={"float32": "float", "float64": "double"}[dtype]))
+    k, A, B = _matmul_t(dtype, K, {"float32": 12, "float64": 6}[dtype], 14)
     src = _kernel_text(k.source(A, B))
     lanes = target.lanes(dtype)
     assert (f"in 2 half vectors of {lanes // 2} per row (the last overlapping the one before)" in src) == \
         target.half_vectors, src
-    got = k(A, B)
-    np.testing.assert_array_equal(k(A, B, options=MappingOptions(vectorize=False)), got)
-    want = A.astype(np.float64) @ B - 0.5 * A.sum(1, dtype=np.float64)[:, None]
-    assert_close(got, want, terms=2 * K, scale=np.abs(A) @ np.abs(B) + 0.5 * np.abs(A).sum(1)[:, None])
+    _check_matmul_t(k, A, B)
     if dtype == "float64" or K == 40:
         return
     conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
         O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
     }""")
+    rng = np.random.default_rng(15)
     I = rng.standard_normal((2, 16, 14, 14)).astype(np.float32)
     W1 = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
     text = str(conv.lowered(I, W1).lowered_ir)
