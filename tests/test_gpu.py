@@ -334,10 +334,13 @@ def _without_sync(low: Any, which: int) -> Any:
 def test_missing_barriers_give_wrong_results_on_pocl():
     """PoCL runs a block's threads one after another between barriers, so a missing barrier before
     reads of another thread's data shows in the results (a barrier at a loop's back edge does
-    not: PoCL adds one there itself; the race check covers those)."""
+    not: PoCL adds one there itself; the race check covers those). The kernels without the
+    barrier run on other inputs than the correct ones: memory the correct run left behind (a
+    temporary's buffer reused) would otherwise hold the right values."""
     A, B = f32(64, 96), f32(96, 64, seed=1)
     low = tc.define(MATMUL).lowered_gpu(A, B, backend="opencl")
     assert_sum_close(gpurt.OpenCLKernel(low)({"A": A, "B": B})["C"], np.matmul, A, B, terms=96)
+    A, B = f32(64, 96, seed=3), f32(96, 64, seed=4)
     bad = gpurt.OpenCLKernel(_without_sync(low, 0))({"A": A, "B": B})["C"]
     with pytest.raises(AssertionError):
         assert_sum_close(bad, np.matmul, A, B, terms=96)
@@ -345,12 +348,15 @@ def test_missing_barriers_give_wrong_results_on_pocl():
     low = tc.define(REVERSE).lowered_gpu(R, backend="opencl", options=MappingOptions(fusion="max", tile=(1,)))
     (kern,) = low.program.kernels
     assert _barriers(kern) == 1  # T is written by one thread and read by another
-    want = R[:, ::-1] * 2 + R * 2
-    two_terms = np.abs(R[:, ::-1] * 2) + np.abs(R * 2)
-    assert_close(gpurt.OpenCLKernel(low)({"A": R})["O"], want, scale=two_terms)  # one rounding
+
+    def want(R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # the values, and the terms' sum (one rounding)
+        return R[:, ::-1] * 2 + R * 2, np.abs(R[:, ::-1] * 2) + np.abs(R * 2)
+
+    assert_close(gpurt.OpenCLKernel(low)({"A": R})["O"], want(R)[0], scale=want(R)[1])
+    R = f32(5, 40, seed=5)
     bad = gpurt.OpenCLKernel(_without_sync(low, 0))({"A": R})["O"]
     with pytest.raises(AssertionError):
-        assert_close(bad, want, scale=two_terms)
+        assert_close(bad, want(R)[0], scale=want(R)[1])
 
 
 def test_barrier_after_single_thread_reduction():
