@@ -122,13 +122,17 @@ class VectorTile:
     rolled: tuple[str, ...] = ()  # short serial loops printed as loops, not peeled (see _rolled)
     narrow: bool = False  # every vector a half vector: the row is shorter than a whole one
 
+    @property
+    def width(self) -> int:
+        """The lanes of the row's vectors (of the whole ones, where the last is a half vector)."""
+        return self.lanes // 2 if self.narrow else self.lanes
+
     def is_half(self, start: int) -> bool:
         """The vector at ``start`` in a row is a half vector."""
         return self.narrow or (self.half and start == self.starts[-1])
 
     def __str__(self) -> str:
-        width = self.lanes // 2 if self.narrow else self.lanes
-        text = f"{len(self.starts)}x{width} lanes per row along {self.row}, starts {list(self.starts)}"
+        text = f"{len(self.starts)}x{self.width} lanes per row along {self.row}, starts {list(self.starts)}"
         if self.narrow:
             text += ", half vectors"
         elif self.half:
@@ -528,8 +532,7 @@ def emit(em: _Emitter, vt: VectorTile, identity_start: bool, shift: LExpr | None
         return hv if key in halves else v
 
     starts = vt.starts
-    width = vt.lanes // 2 if vt.narrow else vt.lanes
-    overlap = " (the last overlapping the one before)" if len(starts) > 1 and starts[-1] < starts[-2] + width else ""
+    overlap = " (the last overlapping the one before)" if len(starts) > 1 and starts[-1] < starts[-2] + vt.width else ""
     if vt.narrow:
         w.line(f"// in {len(starts)} half vectors of {vt.lanes // 2} per row{overlap}")
     elif vt.half:
