@@ -3,6 +3,7 @@ top to bottom without an error, and show what they say they show."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,15 @@ def _run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dic
 
 
 def _text(outputs: list[dict]) -> str:
-    parts = []
+    """A cell's outputs as a reader sees them. The kernel may split one print into several stream
+    messages (at any character), so stream text is joined as it came; rich outputs each start a line."""
+    text = ""
     for o in outputs:
         if o["output_type"] == "stream":
-            parts.append(o["text"])
+            text += o["text"]
         elif o["output_type"] in ("execute_result", "display_data"):
-            parts.append(o["data"].get("text/html", "") + o["data"].get("text/plain", ""))
-    return "\n".join(parts)
+            text += "\n" + o["data"].get("text/html", "") + o["data"].get("text/plain", "") + "\n"
+    return text
 
 
 def test_the_quickstart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +54,11 @@ def test_the_gpu_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     everything = "\n".join(_text(c) for c in _run("gpu_mapping", tmp_path, monkeypatch))
     assert "// launch tc_mm_k" in everything and "__global__" in everything
     assert "#define SHARED __shared__" in everything and "<b>tile</b>" in everything
-    assert "OpenCL: max |error| = " in everything or "no OpenCL here" in everything
+    found = re.search(r"OpenCL: max \|error\| = (\S+)", everything)
+    assert found or "no OpenCL here" in everything
+    if found:
+        # 96 float32 products of normals per entry: 96 * 2**-24 * sum(|a*b|) stays under 1e-3
+        assert float(found.group(1)) < 1e-3
 
 
 @pytest.mark.cpu
