@@ -428,6 +428,41 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     assert_close(dW, ref, terms=N * H * W, scale=scale, dtype=dtype)
 
 
+def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarget.CpuTarget) -> None:
+    """A weight gradient's jammed sum makes each distinct load of a step once, into a local: the
+    input's nine taps, and the output gradient once per filter of the strip. Loads that several
+    elements use are held in registers (tc_keep), so GCC cannot reload them as operands of each
+    multiply-add, and the step loop is not unrolled (two steps' registers would spill); the
+    result matches float64."""
+    rng = np.random.default_rng(12)
+    N, F, C, H, W = 2, 4, 3, 5, 48
+    A, B, dO, I = (rng.standard_normal(s).astype(np.float32)
+                   for s in ((N, F, W), (N, C, W), (N, F, H, W), (N, C, H + 2, W + 2)))
+    k = tc.define(NEST)
+    src = k.source(A, B, dO, I)
+    steps = []  # the bodies of the jammed sums' step loops (S's and dW's)
+    lines = src.split("\n")
+    for i, x in enumerate(lines):
+        if x.strip() == "#pragma GCC unroll 1" and lines[i + 1].strip().startswith("for (; "):
+            body = lines[i + 2:]
+            steps.append([y.strip() for y in body[:next(j for j, y in enumerate(body) if y.strip() == "}")]])
+    step = max(steps, key=len)  # dW's: the most elements
+    strip = vecloop.STRIP if 9 * vecloop.STRIP <= target.accumulators else 1
+    declared = [x for x in step if "_load(&" in x]
+    updates = [x for x in step if x.startswith("q") and "_fma(" in x]
+    assert len(updates) == 9 * strip and len(declared) == 9 + strip, "\n".join(step)
+    assert all("_load(" not in x for x in updates), "\n".join(step)  # every operand a local
+    for x in declared:
+        name = x.split(" = ")[0].split()[-1]
+        shared = sum(u.count(f"({name},") + u.count(f" {name},") for u in updates) > 1
+        assert ("tc_keep(" in x) == shared, x
+    *_, dW = k(A, B, dO, I)
+    win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))[:, :, :H, :W]
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(dW, ref, terms=N * H * W, scale=scale, dtype="float32")
+
+
 def test_reduction_nests_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With the vector code turned off (-DTC_VEC=0), the nests' scalar form (the jammed loops run
     again around each element's sum, the filters' strips too) gives the vector form's numbers."""
