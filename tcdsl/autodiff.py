@@ -33,6 +33,7 @@ from .core.sema import BUILTINS, check_module
 from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, plain_var, read_text, rewrite
 from .derivative import unconditional_reads as uncond
 from .gradlines import Line, tidy
+from .gradpad import Pad, pads
 from .grammar import parse
 from .shift import invariant_shifts
 
@@ -147,6 +148,7 @@ class _Deriver:
         self.state: dict[str, tuple[str, str]] = {}  # tensor -> ("param" | "work", gradient name)
         self.params: list[Param] = []
         self.param_names: dict[tuple[str, str], str] = {}
+        self.pad_copies: dict[tuple, str] = {}  # (tensor, zeros before, extents) -> its padded copy
         self.needed: set[Version] = set()
 
     # ---- setup ----
@@ -480,6 +482,10 @@ class _Deriver:
         where += [str(s.range(v)) for v in ri.free]
         box = {y: (Sym.of(0), d) for y, d in zip(ri.lhs, target.dims)}
         box.update({v: (s.range(v).lo, s.range(v).hi) for v in ri.free})
+        if ri.free:  # a sum over a window: its factors read out of bounds from zero-padded copies
+            for p in pads(value, box, tuple(ri.lhs), self._dims_of):
+                value = _substitute(value, p.read, p.shifted(self._padded(p)))
+                domain = [r for r in domain if (r.tensor, r.subs) != (p.read.tensor, p.read.subs)]
         where += self._exists(domain, value, box)
         st = self.state.get(t)
         if st is None:
@@ -526,13 +532,32 @@ class _Deriver:
             out.append("exists " + read_text(r.tensor, r.subs))
         return out
 
+    def _dims_of(self, name: str) -> tuple[Sym, ...] | None:
+        """The dimensions of the backward def's tensor ``name`` (a forward value or a gradient)."""
+        of = self.value_of[name][0] if name in self.value_of else \
+            next((t for t, (_, n) in self.state.items() if n == name), None)
+        return None if of is None else tuple(self.tensors[of].dims)
+
+    def _padded(self, p: Pad) -> str:
+        """The zero-padded copy ``p`` reads, made once before its first reader (``gradpad``)."""
+        fixed = p.read.tensor in self.value_of or ("param", p.read.tensor) in self.state.values()
+        key = (p.read.tensor, p.low, p.extents)
+        name = self.pad_copies.get(key) if fixed else None  # (a gradient still summing: a copy per reader)
+        if name is None:
+            name = self.fresh(f"{p.read.tensor}_pad")
+            if fixed:
+                self.pad_copies[key] = name
+            idx = [self.fresh(f"p{k}") for k in range(len(p.extents))]
+            subs = tuple(Sym.var(i, "index") - lo for i, lo in zip(idx, p.low))
+            self._emit(name, idx, "=", Read(p.read.dtype, p.read.tensor, subs),
+                       [f"{i} in 0:{e}" for i, e in zip(idx, p.extents)])
+        return name
+
     def _inside(self, r: Read, box: dict[str, tuple[Sym, Sym]]) -> bool:
         """Whether read ``r`` stays in bounds for every point of ``box`` (for all sizes)."""
-        of = self.value_of[r.tensor][0] if r.tensor in self.value_of else \
-            next((t for t, (_, name) in self.state.items() if name == r.tensor), None)
-        if of is None:
+        dims = self._dims_of(r.tensor)
+        if dims is None:
             return False
-        dims = self.tensors[of].dims
         for sub, dim in zip(r.subs, dims):
             if not isinstance(sub, Sym) or not sub.indices() <= box.keys():
                 return False

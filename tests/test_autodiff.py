@@ -312,3 +312,39 @@ def test_a_temporary_comes_back_from_an_output_only_at_its_own_precision() -> No
     half = tc.define(src.replace("-> (Y)", "-> (float16(N, D) Y)").replace("e(n, d) / s(n)", "float16(e(n, d) / s(n))"))
     bw = half.backward_source()
     assert "Y(n, d) * s(n)" not in bw and "exp((X(n, d) - mx(n)))" in bw and "float32(N) mx" in bw
+
+
+def test_a_windowed_weight_gradient_reads_a_zero_padded_copy() -> None:
+    """A "same" conv's weight gradient sums a product whose input read leaves its bounds near the
+    edges: it reads a zero-padded copy of the input (made once, before it), so its nest is a box
+    and not one piece per tap. Its input gradient (the left side the input's rows, not a window)
+    keeps its reads. The gradients match float64 sums of the zero-padded convolution on the C and
+    numpy backends, on sizes that are and are not whole vectors."""
+    src = ("def same(float(N, C, H, W) I, float(F, C, 3, 3) Wt) -> (O) {\n"
+           "    O(n, f, h, w) +=! I(n, c, h + kh - 1, w + kw - 1) * Wt(f, c, kh, kw) where h in 0:H, w in 0:W\n}")
+    k = tc.define(src)
+    code = [x.strip() for x in k.backward_source().splitlines() if not x.strip().startswith("#")]
+    assert "I_pad(p0, p1, p2, p3) = I(p0, p1, p2 - 1, p3 - 1) where p0 in 0:N, p1 in 0:C, p2 in 0:H + 2, " \
+           "p3 in 0:W + 2" in code, code
+    d_wt = next(x for x in code if x.startswith("d_Wt("))
+    assert "I_pad(n, c, h + kh, kw + w)" in d_wt and code.index(d_wt) > code.index(next(x for x in code
+                                                                                     if x.startswith("I_pad(")))
+    assert "d_O(n, f, x2 - kh + 1, x3 - kw + 1)" in next(x for x in code if x.startswith("d_I("))
+    grad = tc.define(k.backward_source())
+    rng = np.random.default_rng(5)
+    for n, c, f, h, w in ((2, 3, 4, 5, 7), (1, 2, 3, 16, 33)):
+        I, Wt, dO = (rng.standard_normal(s).astype(np.float32) for s in ((n, c, h, w), (f, c, 3, 3), (n, f, h, w)))
+        Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        win = np.lib.stride_tricks.sliding_window_view(Ip, (3, 3), axis=(2, 3))  # n c h w kh kw
+        want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+        # d_I(y, x) sums dO(y - kh + 1, x - kw + 1) * Wt(kh, kw): windows of the padded dO, the taps flipped
+        gwin = np.lib.stride_tricks.sliding_window_view(np.pad(dO.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1))),
+                                                        (3, 3), axis=(2, 3))
+        flipped = Wt.astype(np.float64)[:, :, ::-1, ::-1]
+        want_i = np.einsum("nfyxab,fcab->ncyx", gwin, flipped)
+        scale_i = np.einsum("nfyxab,fcab->ncyx", np.abs(gwin), np.abs(flipped))
+        for backend in ("c", "numpy"):
+            d_I, d_Wt = grad(I, Wt, dO, backend=backend)
+            assert_close(d_Wt, want, terms=n * h * w, scale=scale, dtype="float32")
+            assert_close(d_I, want_i, terms=f * 9, scale=scale_i, dtype="float32")

@@ -1,0 +1,90 @@
+"""Backward-def statements: which factors of a windowed gradient sum read a zero-padded copy
+(``TExpr`` x index box -> ``list[Pad]``). Used by ``tcdsl.autodiff`` as it emits a contribution.
+
+A padded conv's weight gradient ``d_W(f, c, kh, kw) +=! d_O(n, f, h, w) * I(n, c, h + kh - 1, w + kw - 1)``
+reads the input out of bounds near its edges. By the domain rule each point runs only where every
+read is in bounds, so the compiled sum splits into one piece per tap of the window, each streaming
+the data again with its own bounds. Reading a zero-padded copy of the input instead leaves one
+box-shaped nest, which takes the whole window in registers and strips of filters: 8x16x32x32, 32
+filters 3x3, weight gradient 2.41 -> 0.43 ms (AVX-512), 1.31 -> 0.89 ms (AVX2); the copy is one pass
+over the input. A padded point's factor is zero, so it adds zero to the sum: the gradient of zero
+padding, as torch computes it (a non-finite value of another factor at such a point meets 0 there).
+
+Only a window's sums are padded: every index of the gradient's left side that a padded subscript
+moves ranges over at most ``WINDOW`` values. The input gradient of the same conv (its left side the
+input's rows and columns) runs slower from a padded copy on AVX-512 (0.44 -> 0.95 ms), and keeps its
+boundary pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .core.affine import Sym, bounds, sign_of
+from .core.checked import Binop, Convert, Read, TExpr, Unop
+
+WINDOW = 16  # most values of a left-side index a padded subscript may move
+
+
+@dataclass(frozen=True)
+class Pad:
+    """A factor read out of bounds, and the zero-padded copy it reads instead."""
+
+    read: Read
+    low: tuple[Sym, ...]  # zeros before each dimension
+    extents: tuple[Sym, ...]  # the copy's dimensions
+
+    def shifted(self, name: str) -> Read:
+        """The read, of the copy ``name``."""
+        subs = tuple(s + lo for s, lo in zip(self.read.subs, self.low) if isinstance(s, Sym))  # (pads: all Sym)
+        return Read(self.read.dtype, name, subs)
+
+
+def factors(e: TExpr) -> list[Read]:
+    """The reads that multiply the whole of ``e`` (a zero one makes it zero)."""
+    if isinstance(e, Read):
+        return [e]
+    if isinstance(e, Binop) and e.op == "*":
+        return factors(e.lhs) + factors(e.rhs)
+    if isinstance(e, Convert) or isinstance(e, Unop) and e.op == "-":
+        return factors(e.arg)
+    return []
+
+
+def pads(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...],
+         dims_of: Callable[[str], tuple[Sym, ...] | None]) -> list[Pad]:
+    """The factors of a sum's ``value`` over ``box`` (left-side indices ``lhs``) to read from
+    zero-padded copies: reads of known tensors with affine subscripts that leave their bounds by
+    amounts fixed for every size, moved by no left-side index of more than ``WINDOW`` values."""
+    out: list[Pad] = []
+    for r in factors(value):
+        dims = dims_of(r.tensor)
+        if r.conditional or dims is None or len(dims) != len(r.subs) or r in (p.read for p in out):
+            continue
+        low, ext, outside = [], [], False
+        for sub, dim in zip(r.subs, dims):
+            if not isinstance(sub, Sym) or not sub.indices() <= box.keys():
+                break
+            lo, hi = bounds(sub, box)
+            before, after = -lo, hi - (dim - 1)
+            if sign_of(before) not in (-1, 1) or sign_of(after) not in (-1, 1):
+                break  # bounds that depend on the sizes either way
+            b = before if sign_of(before) == 1 and before != Sym.of(0) else Sym.of(0)
+            a = after if sign_of(after) == 1 and after != Sym.of(0) else Sym.of(0)
+            if b != Sym.of(0) or a != Sym.of(0):
+                moved = sub.indices() & set(lhs)
+                if any(not _small(box[i]) for i in moved):
+                    break
+                outside = True
+            low.append(b)
+            ext.append(dim + b + a)
+        else:
+            if outside:
+                out.append(Pad(r, tuple(low), tuple(ext)))
+    return out
+
+
+def _small(rng: tuple[Sym, Sym]) -> bool:
+    n = rng[1] - rng[0]
+    return n.is_const() and n.const <= WINDOW
