@@ -6,7 +6,7 @@ reads the input out of bounds near its edges. By the domain rule each point runs
 read is in bounds, so the compiled sum splits into one piece per tap of the window, each streaming
 the data again with its own bounds. Reading a zero-padded copy of the input instead leaves one
 box-shaped nest, which takes the whole window in registers and strips of filters: 8x16x32x32, 32
-filters 3x3, weight gradient 2.41 -> 0.43 ms (AVX-512), 1.31 -> 0.89 ms (AVX2); the copy is one pass
+filters 3x3, weight gradient 2.61 -> 0.43 ms (AVX-512), 1.31 -> 0.65 ms (AVX2); the copy is one pass
 over the input. A padded point's factor is zero, so it adds zero to the sum: the gradient of zero
 padding, as torch computes it (a non-finite value of another factor at such a point meets 0 there).
 
