@@ -424,8 +424,14 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # calls: AVX2 8x64x56x56 padded by 1 13.8 -> 12.0 ms (its two columns 1.6 -> 0.4-0.7 ms each),
     # 46x46 10.6 -> 9.4 ms, the input gradient of a 3x3 conv (8x64x54x54 -> 56x56) 30.7 -> 21.4 ms;
     # AVX-512 (6 rows x 4 vectors) 56x56 12.4-12.7 -> 10.9-11.4 ms, 46x46 8.5 -> 7.3 ms.
-    if len(rows) == 2 and red and contig is not None and lanes > 1 and (not whole_contig or column) and \
-            (budget < COLUMN_TILE_ACCUMULATORS or column) and infos[contig].extent >= 4:
+    # Rows of two to four vectors, which AVX-512 takes whole (8 channels x 1 row x 2 vectors), take
+    # this form too on such a target: whole, they leave it 2 channels x 1 row x 4 vectors, 8
+    # accumulators, two operand loads for every three multiply-adds. AVX2, 2 threads, paired rounds:
+    # conv 8x16x32x32 (30-wide rows) 0.38 -> 0.33-0.36 ms, 16x32x16x16 0.65 -> 0.57, padded
+    # 8x16x32x32 0.98 -> 0.82 and 16x32x14x14 0.39 -> 0.33; its input gradient, padded 1.12-1.20 ->
+    # 0.55-0.57 ms, unpadded 0.45-0.54 -> 0.49-0.52.
+    if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
+            (budget < COLUMN_TILE_ACCUMULATORS or column):
         first = min(rows)
         count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
         given = _fit(options.tile, n, 0) if options.tile is not None else None
@@ -486,8 +492,11 @@ def _whole_rows(width: int, lanes: int, two_row_budget: int) -> bool:
 
 
 def _channel_interior(width: int, lanes: int, two_row_budget: int) -> bool:
-    """A conv interior ``width`` columns wide runs in channel vectors on a target of ``lanes``
-    (plan: rows too wide for the register tile to take whole)."""
+    """Whether a padded conv's boundary columns beside an interior ``width`` columns wide run one
+    row per tile inside the interior's loop (plan): where its rows are too wide for a register tile
+    to take them whole. Beside narrower interiors (in channel vectors too, on such a target) the
+    columns on their own are faster: AVX2, padded 8x16x32x32, input gradient 0.56 against 0.68 ms,
+    forward 0.79-0.81 against 0.82-0.84 ms."""
     return width >= 4 and not _whole_rows(width, lanes, two_row_budget)
 
 

@@ -247,6 +247,31 @@ def test_a_batch_of_one_takes_the_same_register_tile_as_a_batch(isa: str, monkey
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("width", [30, 18])
+def test_rows_of_a_few_vectors_run_in_channel_vectors_on_avx2(isa: str, width: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv whose output rows are two to four vectors (30 or 18 columns) runs in vectors of
+    output channels on AVX2, as wider images do (a whole row in the tile would hold 2 channels x 4
+    vectors: two operand loads for every three multiply-adds); AVX-512 takes the rows whole, along
+    the columns. Against numpy."""
+    conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
+    }""")
+    rng = np.random.default_rng(8)
+    I = rng.standard_normal((2, 16, 7, width + 2)).astype(np.float32)
+    W = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    low = conv.lowered(I, W, target=cputarget.preset(isa))
+    tiles = [line for line in str(low.passes[-1][1]).split("\n") if "register tile of S1" in line]
+    along = "along f" if isa == "avx2" else "along w"
+    assert tiles and all(along in line for line in tiles), tiles
+    if isa not in runnable_of(isa):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", isa)
+    assert_sum_close(conv(I, W), lambda a, b: np.einsum(
+        "nchwkl,fckl->nfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(2, 3)), b), I, W, terms=16 * 9)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_a_strided_conv_gets_a_register_tile(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A conv with a stride of 2 runs its channels inside a register tile of output channels x
     columns, not with its reductions innermost: its 3x3 window reads contiguous memory, the

@@ -198,7 +198,9 @@ def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None
     tiles = [line for line in str(low.passes[-1][1]).splitlines() if "register tile of S1" in line]
     assert not any("along h" in line for line in tiles), tiles
     channel = "along f" if name == "same3x3" else "along c"
-    assert sum(bool(re.search(r"// \d+x32 register tile", line)) and channel in line for line in tiles) == 2, tiles
+    # (on AVX2 the interior runs in channel vectors too)
+    columns = sum(bool(re.search(r"// \d+x32 register tile", line)) and channel in line for line in tiles)
+    assert columns == 2 if target == "avx512" else columns >= 2, tiles
     if name == "input_grad" and target == "avx2":
         # the columns' reductions vary along them (kw <= w): their packs hold the range they all
         # cover, not a gather of W1 per step
@@ -225,8 +227,8 @@ def test_avx2_boundary_columns_run_in_the_interiors_parallel_loop() -> None:
     """On AVX2, where a padded conv's interior runs in channel vectors (38 columns), its one-wide
     columns take one output row per tile, with the interior's loops outside (image, row): the fuse
     pass runs both columns inside the interior's parallel loop, each row's columns with its
-    interior. (An interior of 18 columns, taken whole by its register tiles, leaves its columns in
-    3 rows x 4 vectors on their own: test_boundary_columns_run_in_channel_vectors.)"""
+    interior. (Beside an interior of 18 columns, in channel vectors too, the columns run in 3 rows x 4
+    vectors on their own: test_boundary_columns_run_in_channel_vectors.)"""
     k = tc.define(SAME)
     low = k.lowered(*_inputs([(2, 3, 23, 40), (32, 3, 3, 3)], seed=5), target="avx2")
     steps = dict(low.passes)
