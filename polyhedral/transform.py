@@ -430,8 +430,11 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # conv 8x16x32x32 (30-wide rows) 0.38 -> 0.33-0.36 ms, 16x32x16x16 0.65 -> 0.57, padded
     # 8x16x32x32 0.98 -> 0.82 and 16x32x14x14 0.39 -> 0.33; its input gradient, padded 1.12-1.20 ->
     # 0.55-0.57 ms, unpadded 0.45-0.54 -> 0.49-0.52.
+    # (Not where another parallel member moves every operand, a group conv's groups: its weights,
+    # unpacked, would be gathered at each step. AVX2 group conv 32x32x16x28x28: 24.7 -> 69.5 ms.)
+    settled = all(infos[i].invariant > 0 for i in par if i not in rows and i != contig)
     if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
-            (budget < COLUMN_TILE_ACCUMULATORS or column):
+            (not whole_contig or column or settled) and (budget < COLUMN_TILE_ACCUMULATORS or column):
         first = min(rows)
         count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
         given = _fit(options.tile, n, 0) if options.tile is not None else None

@@ -253,7 +253,7 @@ def test_rows_of_a_few_vectors_run_in_channel_vectors_on_avx2(isa: str, width: i
     """A conv whose output rows are two to four vectors (30 or 18 columns) runs in vectors of
     output channels on AVX2, as wider images do (a whole row in the tile would hold 2 channels x 4
     vectors: two operand loads for every three multiply-adds); AVX-512 takes the rows whole, along
-    the columns. Against numpy."""
+    the columns, and so does a group conv on both (its groups move the weights). Against numpy."""
     conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
         O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
     }""")
@@ -264,11 +264,23 @@ def test_rows_of_a_few_vectors_run_in_channel_vectors_on_avx2(isa: str, width: i
     tiles = [line for line in str(low.passes[-1][1]).split("\n") if "register tile of S1" in line]
     along = "along f" if isa == "avx2" else "along w"
     assert tiles and all(along in line for line in tiles), tiles
+    # a group conv's groups move its weights too: unpacked in channel vectors they would be gathered
+    group = tc.define("""def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
+        O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
+    }""")
+    GI = rng.standard_normal((2, 3, 4, 7, width + 2)).astype(np.float32)
+    GW = rng.standard_normal((3, 16, 4, 3, 3)).astype(np.float32)
+    gtiles = [line for line in str(group.lowered(GI, GW, target=cputarget.preset(isa)).passes[-1][1]).split("\n")
+              if "register tile of S1" in line]
+    assert gtiles and all("along w" in line for line in gtiles), gtiles
     if isa not in runnable_of(isa):
         return  # the plan is checked; this machine cannot run the target's code
     monkeypatch.setenv("TCDSL_CPU", isa)
     assert_sum_close(conv(I, W), lambda a, b: np.einsum(
         "nchwkl,fckl->nfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(2, 3)), b), I, W, terms=16 * 9)
+    assert_sum_close(group(GI, GW), lambda a, b: np.einsum(
+        "ngchwkl,gfckl->ngfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(3, 4)), b), GI, GW,
+        terms=4 * 9)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
