@@ -29,13 +29,14 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tcdsl.core.affine import Sym
-from tcdsl.core.checked import Binop, Read, Statement, TExpr, reads
+from tcdsl.core.checked import Binop, Read, Statement, TExpr, operands, reads
 from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .facts import Facts
@@ -299,19 +300,26 @@ def _update(em: _Emitter, va: VectorAccum, q: str, args: tuple[LExpr, ...], off:
                 return masked
             return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
 
-        rhs = s.rhs
-        if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
-            # two reads along the row load zeros past the rest: their product adds zero there
-            loads = all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
-                        for x in (rhs.lhs, rhs.rhs))
-            if rest and not loads:
-                w.line(f"const {v}i m = {v}_first({rest});")
-            w.line(f"{q} = {v}_fma({value(rhs.lhs, not loads)}, {value(rhs.rhs, not loads)}, {q});")
-        else:
-            if rest:
-                w.line(f"const {v}i m = {v}_first({rest});")
-            w.line(f"{q} = {_vop(v, s.op, q, value(rhs))};")
+        # two reads along the row load zeros past the rest: their product adds zero there
+        loads = _fused(s) and all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
+                                  for x in operands(s.rhs))
+        if rest and not loads:
+            w.line(f"const {v}i m = {v}_first({rest});")
+        w.line(_step(v, s, q, lambda e: value(e, not loads)))
     w.line("}")
+
+
+def _fused(s: Statement) -> bool:
+    """Whether the sum's update is one multiply-add a point, as the scalar code's."""
+    return s.op == "+" and isinstance(s.rhs, Binop) and s.rhs.op == "*"
+
+
+def _step(v: str, s: Statement, q: str, text: Callable[[TExpr], str]) -> str:
+    """The line that updates accumulator ``q`` by the sum's value, each operand as ``text`` gives it."""
+    if _fused(s):
+        assert isinstance(s.rhs, Binop)
+        return f"{q} = {v}_fma({text(s.rhs.lhs)}, {text(s.rhs.rhs)}, {q});"
+    return f"{q} = {_vop(v, s.op, q, text(s.rhs))};"
 
 
 def _open(em: _Emitter, loops: tuple[LFor, ...]) -> None:
@@ -545,12 +553,7 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]]) ->
     lines = []
     for k, values in enumerate(combos):
         env = {name: f"({unparen(em._lexpr(_subst(x, values)))})" for name, x in zip(st.indices, a.call.args)}
-        rhs = s.rhs
-        if s.op == "+" and isinstance(rhs, Binop) and rhs.op == "*":  # as the scalar code: one fma a point
-            lhs_text, rhs_text = (vexpr(em, x, env, s, va.row, loads) for x in (rhs.lhs, rhs.rhs))
-            lines.append(f"q{k} = {v}_fma({lhs_text}, {rhs_text}, q{k});")
-        else:
-            lines.append(f"q{k} = {_vop(v, s.op, f'q{k}', vexpr(em, rhs, env, s, va.row, loads))};")
+        lines.append(_step(v, s, f"q{k}", _named_in(em, va, env, loads)))
     uses = {name: sum(len(re.findall(rf"\b{name}\b", line)) for line in lines) for name in loads.values()}
     free = em.target.vector_registers - len(combos) - 1  # one for a folded operand
     kept = set(sorted((n for n in uses if uses[n] > 1), key=lambda n: -uses[n])[:max(0, free)])
@@ -558,3 +561,8 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]]) ->
         w.line(f"{v} {name} = {text}; tc_keep({name});" if name in kept else f"const {v} {name} = {text};")
     for line in lines:
         w.line(line)
+
+
+def _named_in(em: _Emitter, va: VectorAccum, env: dict[str, str], loads: dict[str, str]) -> Callable[[TExpr], str]:
+    """An operand's vector text at ``env``, each load named in ``loads``."""
+    return lambda e: vexpr(em, e, env, va.stmt, va.row, loads)
