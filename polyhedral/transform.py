@@ -35,6 +35,7 @@ ROW_TILES_PER_CACHE_TILE = 8  # its cache tile: eight register tiles
 # one of 16). Unpacked, the 48-row tiles balance better (AVX2 960x1000x1088: 201 against 140).
 PACKED_ROW_FACTOR, PACKED_ROW_BLOCKS = 3, 8
 COLUMN_TILE_ACCUMULATORS = 16  # AVX-512's 4 x 4 conv tile along the columns; fewer: channel vectors (plan)
+FILLED_ROWS = 15 / 16  # conv rows filling this share of their vectors' lanes keep them on AVX-512 (plan)
 BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this share of L2 (plan)
 # A copy that reads along one member and writes along another (a transpose) is moved in tiles of
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
@@ -432,9 +433,24 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # 0.55-0.57 ms, unpadded 0.45-0.54 -> 0.49-0.52.
     # (Not where another parallel member moves every operand, a group conv's groups: its weights,
     # unpacked, would be gathered at each step. AVX2 group conv 32x32x16x28x28: 24.7 -> 69.5 ms.)
+    # On a target of more registers (AVX-512) an unpadded conv takes this form too where its rows
+    # leave lanes of their last vector idle (FILLED_ROWS): four channel vectors x 6 columns, 24
+    # accumulators, ten operand loads for 24 multiply-adds and every lane busy. AVX-512, 2 threads,
+    # min of 30 calls, in two runs each: 8x64x46x46 with 64 filters (44 of 48 lanes) 5.38-5.45 ->
+    # 5.13-5.26 ms, 16x64x22x22 1.37 -> 1.09, 2x32x102x102 3.81-4.14 -> 3.36, 8x32x14x14 (half
+    # vectors) 0.35 -> 0.21, 16x64x9x9 (rows of 7, a masked vector) 1.42 -> 0.33; 8x64x56x56 7.76
+    # -> 7.71 and 4x32x38x38 with 96 filters 1.39 -> 1.39 (even); float64 8x64x46x46 11.5 -> 10.3-10.6,
+    # 8x64x22x22 2.05 -> 2.10-2.18 (a loss). Rows that fill their vectors keep
+    # them: 8x16x32x32 (30 of 32 lanes) 0.31 -> 0.33 in this form. A padded conv's interior keeps
+    # them as well (8x64x56x56 padded 8.3 -> 8.6 ms, 8x16x32x32 0.38 -> 0.70: its boundary pieces
+    # then run beside an interior of another form).
     settled = all(infos[i].invariant > 0 for i in par if i not in rows and i != contig)
+    idle_lanes = contig is not None and budget >= COLUMN_TILE_ACCUMULATORS and settled and not boundary and \
+        infos[contig].whole == infos[contig].extent and \
+        infos[contig].extent < FILLED_ROWS * lanes * -(-infos[contig].extent // lanes)
     if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
-            (not whole_contig or column or settled) and (budget < COLUMN_TILE_ACCUMULATORS or column):
+            (not whole_contig or column or settled) and \
+            (budget < COLUMN_TILE_ACCUMULATORS or column or idle_lanes):
         first = min(rows)
         count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
         given = _fit(options.tile, n, 0) if options.tile is not None else None
