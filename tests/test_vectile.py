@@ -216,6 +216,40 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     assert_sum_close(got, _conv, I, Wt, terms=C * 9)
 
 
+GROUP_CONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
+    O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
+}"""
+
+
+def test_a_conv_row_tile_prefetches_the_next_rows_of_its_input(target: cputarget.CpuTarget) -> None:
+    """A tile of one output row reads rows h..h+2 of each channel; at each channel it prefetches the
+    row the next tile (h + 1) reads first, h + 3, from the input itself. The last tile's prefetches
+    point past the input (harmless); a tile in channel vectors, which slides along the contiguous
+    columns, prefetches nothing. Against numpy."""
+    k = tc.define(GROUP_CONV)
+    rng = np.random.default_rng(5)
+    I = (rng.random((2, 3, 4, 9, 20)) * 2 - 1).astype(np.float32)
+    W = (rng.random((3, 8, 4, 3, 3)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, W).passes[-1][1])
+    tiles = [line for line in passes.split("\n") if "register tile of S1" in line]
+    assert tiles and all("prefetching I along c3" in line for line in tiles), tiles
+    src = _kernel_text(k.source(I, W))
+    fetched = re.findall(r"__builtin_prefetch\(\(const void \*\)\(\(uintptr_t\)t0 \+ sizeof\(\*t0\) \* "
+                         r"\((.*)\)\)\);", src)
+    assert fetched and all("(c3 + 1)) + (2)) * 20L" in f for f in fetched), fetched
+    got = k(I, W)
+    assert_sum_close(got, lambda a, b: np.einsum("ngchwkl,gfckl->ngfhw", np.lib.stride_tricks.sliding_window_view(
+        a, (3, 3), axis=(3, 4)), b, dtype=np.float64), I, W, terms=4 * 9)
+    if target.accumulators < 16:  # AVX2's conv in channel vectors slides along the columns
+        C = (rng.random((2, 8, 6, 40)) * 2 - 1).astype(np.float32)
+        Wc = (rng.random((16, 8, 3, 3)) * 2 - 1).astype(np.float32)
+        conv = tc.define(CONV)
+        lines = [line for line in str(conv.lowered(C, Wc).passes[-1][1]).split("\n") if "lanes per row along f" in line]
+        assert lines and not any("prefetching" in line for line in lines), lines
+        assert "__builtin_prefetch" not in _kernel_text(conv.source(C, Wc))
+        assert_sum_close(conv(C, Wc), _conv, C, Wc, terms=8 * 9)
+
+
 def _kernel_text(src: str) -> str:
     """The kernel's function, without the preludes (whose vector functions use the layer too)."""
     return src[src.index("int tc_kernel("):]
