@@ -706,7 +706,9 @@ def _register_tile(band: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode
     ctx = band.get_ctx()
     for i, v in enumerate(sizes):
         mv = mv.set_val(i, isl.Val.int_from_si(ctx, max(v, 1)))
-    return band.band_tile(mv).child(0).insert_mark(isl.Id(REGISTER_MARK)).child(0)
+    # the mark carries the sizes of the loops it leaves (astgen bounds each by its size)
+    mark = isl.Id(REGISTER_MARK, user=tuple(v for v in sizes if v > 1))
+    return band.band_tile(mv).child(0).insert_mark(mark).child(0)
 
 
 def _maybe_check(node: isl.ScheduleNode, deps: Deps) -> None:

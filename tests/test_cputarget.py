@@ -284,6 +284,28 @@ def test_rows_of_a_few_vectors_run_in_channel_vectors_on_avx2(isa: str, width: i
         terms=4 * 9)
 
 
+def test_a_conv_tile_cut_short_under_a_band_tile_keeps_its_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AVX2 runs a conv on 70x70 images in tiles of 3 columns x 4 channel vectors, its rows in bands
+    of 64: the last tile of a row has 2 columns, and isl bounds that tile's loop as
+    ``-div(c9 + 24, 23) + 3``. The loop is bounded by the tile's size from the schedule's mark, so
+    the register tile and its vectors stay (scalar code ran 15x slower). Against numpy."""
+    conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh,w + r_kw) * W1(f,r_c,r_kh,r_kw)
+    }""")
+    rng = np.random.default_rng(9)
+    I = rng.standard_normal((1, 8, 70, 70)).astype(np.float32)
+    W = rng.standard_normal((32, 8, 3, 3)).astype(np.float32)
+    ir = str(conv.lowered(I, W, target=cputarget.preset("avx2")).passes[-1][1])
+    tiles = [line for line in ir.split("\n") if "register tile of S1" in line]
+    assert tiles and "3x32 register tile" in tiles[0] and "lanes per row along f" in tiles[0], ir
+    assert "div(" in tiles[0] and "== 1), 2x32" in tiles[0], tiles  # the 2-column tile, in vectors too
+    if "avx2" not in runnable_of("avx2"):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    assert_sum_close(conv(I, W), lambda a, b: np.einsum(
+        "nchwkl,fckl->nfhw", np.lib.stride_tricks.sliding_window_view(a, (3, 3), axis=(2, 3)), b), I, W, terms=8 * 9)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_a_strided_conv_gets_a_register_tile(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A conv with a stride of 2 runs its channels inside a register tile of output channels x
