@@ -661,15 +661,15 @@ def _prefetch(em: _Emitter, vt: VectorTile, args: dict[str, LExpr], outer: tuple
     their last values, the tile's first row at each vector's start."""
     assert vt.ahead is not None
     around, sliding = vt.ahead
+    fixed: dict[str, int | LExpr] = {f.var: _init(f) for f in outer}
+    fixed[around.var] = LOp("+", (LVar(around.var), LInt(around.step)))
+    for g in vt.rt.serial[1:]:
+        trips = trip_count(g)
+        assert trips is not None  # _ahead
+        fixed[g.var] = _init(g) + (trips - 1) * g.step
     seen: set[str] = set()
     for start in vt.starts:
-        values: dict[str, int | LExpr] = {f.var: _init(f) for f in outer}
-        values[vec.var] = _init(vec) + start if shift is None else LOp("+", (shift, LInt(start)))
-        values[around.var] = LOp("+", (LVar(around.var), LInt(around.step)))
-        for g in vt.rt.serial[1:]:
-            trips = trip_count(g)
-            assert trips is not None  # _ahead
-            values[g.var] = _init(g) + (trips - 1) * g.step
+        values = {**fixed, vec.var: _init(vec) + start if shift is None else LOp("+", (shift, LInt(start)))}
         env = {name: f"({em._lexpr(substitute(a, values))})" for name, a in args.items()}
         for r in sliding:
             at = em._access(r.tensor, _syms(r), env)
