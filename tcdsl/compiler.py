@@ -189,7 +189,10 @@ class CKernel:
         self._params = len(low.source.params)
         self._temps = [(position[t.name], buffers.get(t.name, 0), t.dtype, t.name not in self.unwritten_ok)
                        for t in c.temps if t.name in position]
-        self._plain = self._nonempty and not self._temps
+        # (temporary's position among the C parameters, how to make its buffer), for run_at
+        self._temp_makers = [(at, functools.partial(np.zeros if zero or not size else np.empty, max(size, 1),
+                                                    dtype=temp_type)) for at, size, temp_type, zero in self._temps]
+        self._plain = self._nonempty
         self._errors = threading.local()  # run_at's error record, one per calling thread, reused
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
@@ -264,7 +267,7 @@ class CKernel:
 
     @property
     def plain(self) -> bool:
-        """Whether ``run_at`` can run it: no empty tensor, no temporary buffer."""
+        """Whether ``run_at`` can run it: no empty tensor."""
         return self._plain
 
     def run_at(self, inputs: Sequence[int]) -> list[np.ndarray]:
@@ -281,6 +284,9 @@ class CKernel:
             made.append(o)
             if at is not None:
                 addresses[at] = _address(o)
+        held = [make() for _, make in self._temp_makers]  # alive until the call returns
+        for (at, _), t in zip(self._temp_makers, held):
+            addresses[at] = _address(t)
         try:
             err, addresses[-1] = self._errors.record
         except AttributeError:  # this thread's first call
