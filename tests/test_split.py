@@ -97,8 +97,11 @@ def test_the_interior_is_tiled_as_an_unpadded_convolution() -> None:
     assert "lanes per row" in loops  # vector register tiles, as in an unpadded conv
     interior = [line for line in loops.splitlines() if "register tile of S1" in line]
     assert any("x38" in line for line in interior), interior  # whole 38-wide interior rows (w in 1..38)
-    # the one-wide boundary columns run along the image's height, their reads and target gathered
-    assert any("along h" in line and "gathered (the row 40 elements apart)" in line for line in interior), interior
+    # the one-wide boundary columns run in one vector of the 16 filters x rows of the column, the
+    # weights packed (polyhedral.transform.plan), not along the height gathered
+    assert any("x16 register tile" in line and "1x16 lanes per row along f" in line and "x16 register tile" in line
+               and "c5 not unrolled" in line for line in interior), interior
+    assert not any("along h" in line for line in interior), interior
 
 
 # (source, input shapes, reference) -- references in float64 from padded inputs

@@ -188,8 +188,9 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     broadcast, the kernel's width loop not unrolled, the columns
     cut short in a tile of fewer columns. A target with more registers does so only where the
     output rows leave lanes of their last vector idle (43 columns: 43 of 48 lanes; 48 columns keep
-    the tile along them). Other channel counts keep the tile along the columns, and so do channels
-    cut into cache tiles (128 of them), whose panels would be packed once per tile. Against numpy,
+    the tile along them), in one vector of channels too (16 filters). Other channel counts keep the
+    tile along the columns, and so do channels cut into cache tiles (128 of them), whose panels
+    would be packed once per tile. Against numpy,
     and bit for bit against the scalar tile."""
     N, C, H, W, F = shape
     k = tc.define(CONV)
@@ -201,8 +202,8 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     lanes = target.lanes("float32")
     cols = W - 2
     idle = cols < transform.FILLED_ROWS * lanes * -(-cols // lanes)
-    if (target.accumulators < 16 or idle) and any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) \
-            and F <= 64:
+    vectors = any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) or (target.accumulators >= 16 and F == lanes)
+    if (target.accumulators < 16 or idle) and vectors and F <= 64:
         assert "lanes per row along f" in passes and "once for every thread" in passes, passes
         assert "#pragma GCC unroll 1" in src and "tc_vf_load(&tc_pk0_at[" in src
         assert "tc_vf_gather(&t1" not in _kernel_text(src) and "tc_vf_set1(t0[" in src
@@ -214,6 +215,32 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     if target.fma:
         np.testing.assert_array_equal(got, scalar)
     assert_sum_close(got, _conv, I, Wt, terms=C * 9)
+
+
+PADDED_CONV = """def convp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+}"""
+
+
+def test_sixteen_filters_take_the_channel_form_in_a_padded_convs_columns(target: cputarget.CpuTarget) -> None:
+    """A padded conv's boundary columns with 16 filters run in channel vectors x rows, the weights
+    packed, not down the column with its rows gathered: in one vector of channels x 18 rows on a
+    target of 16 lanes (polyhedral.transform.plan), in two on AVX2. Against numpy,
+    and bit for bit against the scalar code."""
+    N, C, H, W, F = 2, 8, 20, 20, 16
+    k = tc.define(PADDED_CONV)
+    rng = np.random.default_rng(5)
+    I = (rng.random((N, C, H, W)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((F, C, 3, 3)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, Wt).passes[-1][1])
+    assert "lanes per row along h" not in passes, passes  # no column's rows gathered
+    if target.lanes("float32") == 16:
+        assert "18x16 register tile of S1" in passes and "1x16 lanes per row along f" in passes, passes
+    got = k(I, Wt)
+    if target.fma:
+        np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
+    padded = np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    assert_sum_close(got, _conv, padded, Wt, terms=C * 9)
 
 
 GROUP_CONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
