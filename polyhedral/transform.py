@@ -47,6 +47,10 @@ CROSS_CONTIG_TILE = 1024
 # 24 channels (the input gradient of a 24-channel conv, 6x24x30x30 with 40 filters, 2 threads, paired
 # rounds: 1.27-1.29x the tile along the columns it took before); five (40 filters) gained nothing
 CHANNEL_VECTORS = (4, 3, 2)
+# the shortest reduction (channels x window) over which rows that leave lanes idle take one vector of
+# channels (plan): shorter, the tile's scattered stores outweigh the lanes gained (16 filters over
+# 8 or 16 channels, 3x3: 0.93-0.95x on AVX-512, 0.67x on AVX2, paired rounds)
+ONE_VECTOR_STEPS = 256
 
 
 @dataclass(frozen=True)
@@ -445,24 +449,29 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # them as well (8x64x56x56 padded 8.3 -> 8.6 ms, 8x16x32x32 0.38 -> 0.70: its boundary pieces
     # then run beside an interior of another form).
     settled = all(infos[i].invariant > 0 for i in par if i not in rows and i != contig)
-    idle_lanes = contig is not None and budget >= COLUMN_TILE_ACCUMULATORS and settled and not boundary and \
-        infos[contig].whole == infos[contig].extent and \
+    idle_rows = contig is not None and settled and not boundary and infos[contig].whole == infos[contig].extent and \
         infos[contig].extent < FILLED_ROWS * lanes * -(-infos[contig].extent // lanes)
+    idle_lanes = idle_rows and budget >= COLUMN_TILE_ACCUMULATORS
     if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
             (not whole_contig or column or settled) and \
             (budget < COLUMN_TILE_ACCUMULATORS or column or idle_lanes):
         first = min(rows)
         count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
-        # On a target of more registers (AVX-512), channels that fill exactly one vector (16 filters
-        # float32, 8 float64, or an input gradient's 16 channels) take the form too, one vector of
-        # channels x 24 columns or rows, where it applies (rows that leave lanes idle, a padded conv's
-        # boundary columns): those had no vector form, or gathered a column's rows a row apart.
-        # AVX-512, 2 threads, best of 40 calls, two runs each: conv 16x32x9x9 with 16 filters
-        # 0.19-0.22 -> 0.043 ms, padded 8x16x56x56 with 16 filters 0.59 -> 0.53 ms, with 8 float64
-        # filters 0.59 -> 0.54-0.56 ms, padded 8x16x32x32 0.21 -> 0.20 ms, 8x32x46x46 with 16 filters
-        # 0.68 -> 0.67 ms; the input gradient of conv 8x16x32x32 (32 filters 3x3) 0.47-0.48 -> 0.43-0.44
-        # ms. The same results, bit for bit.
-        if not count and budget >= COLUMN_TILE_ACCUMULATORS and infos[first].extent == lanes:
+        # Channels that fill exactly one vector (16 filters float32 on AVX-512, 8 on AVX2, 8 float64
+        # on AVX-512, or an input gradient's as many channels) take the form too, one vector of
+        # channels x the budget's columns or rows, in a padded conv's boundary columns, and where
+        # rows of at most two vectors leave lanes idle over a reduction of ONE_VECTOR_STEPS or more.
+        # Those had no vector form, or ran down a column gathering its rows. 2 threads, 30 paired
+        # rounds (median ratio, rounds won): AVX-512, 16 filters: conv 16x32x9x9 4.43x (30/30),
+        # 8x32x20x20 1.23x (30), 8x32x28x28 1.03x (30), 16x32x14x14 1.00x, padded 8x16x56x56 1.10x
+        # (30), padded 8x32x32x32 1.08x (30), the input gradient of conv 8x16x32x32 (32 filters 3x3)
+        # 0.47-0.48 -> 0.43-0.44 ms; AVX2, 8 filters: conv 16x32x9x9 7.28x (30), 16x32x14x14 1.05x
+        # (26), padded 8x16x56x56 1.05x (29), padded 8x32x32x32 1.25x (30). Rows of more vectors
+        # stay as they were (AVX-512 8x16x46x46 0.93x in this form, AVX2 8x32x20x20 0.99x). The same
+        # results, bit for bit.
+        steps = math.prod(infos[i].extent for i in red)
+        if not count and infos[first].extent == lanes and (column or idle_rows and steps >= ONE_VECTOR_STEPS
+                                                           and infos[contig].extent <= 2 * lanes):
             count = 1
         given = _fit(options.tile, n, 0) if options.tile is not None else None
 

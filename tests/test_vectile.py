@@ -188,7 +188,8 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     broadcast, the kernel's width loop not unrolled, the columns
     cut short in a tile of fewer columns. A target with more registers does so only where the
     output rows leave lanes of their last vector idle (43 columns: 43 of 48 lanes; 48 columns keep
-    the tile along them), in one vector of channels too (16 filters). Other channel counts keep the
+    the tile along them), in one vector of channels too where rows of at most two vectors sum over
+    ONE_VECTOR_STEPS or more (16 filters on AVX-512, 8 on AVX2). Other channel counts keep the
     tile along the columns, and so do channels cut into cache tiles (128 of them), whose panels
     would be packed once per tile. Against numpy,
     and bit for bit against the scalar tile."""
@@ -202,7 +203,8 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     lanes = target.lanes("float32")
     cols = W - 2
     idle = cols < transform.FILLED_ROWS * lanes * -(-cols // lanes)
-    vectors = any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) or (target.accumulators >= 16 and F == lanes)
+    vectors = any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) or \
+        F == lanes and C * 9 >= transform.ONE_VECTOR_STEPS and cols <= 2 * lanes  # one vector of them
     if (target.accumulators < 16 or idle) and vectors and F <= 64:
         assert "lanes per row along f" in passes and "once for every thread" in passes, passes
         assert "#pragma GCC unroll 1" in src and "tc_vf_load(&tc_pk0_at[" in src
@@ -222,20 +224,26 @@ PADDED_CONV = """def convp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
 }"""
 
 
-def test_sixteen_filters_take_the_channel_form_in_a_padded_convs_columns(target: cputarget.CpuTarget) -> None:
-    """A padded conv's boundary columns with 16 filters run in channel vectors x rows, the weights
-    packed, not down the column with its rows gathered: in one vector of channels x 18 rows on a
-    target of 16 lanes (polyhedral.transform.plan), in two on AVX2. Against numpy,
-    and bit for bit against the scalar code."""
-    N, C, H, W, F = 2, 8, 20, 20, 16
+@pytest.mark.parametrize("filters", [8, 16])
+def test_a_padded_convs_columns_take_the_channel_form_where_the_filters_fill_vectors(
+        filters: int, target: cputarget.CpuTarget) -> None:
+    """A padded conv's boundary columns whose filters fill whole vectors run in channel vectors x
+    rows, the weights packed, not down the column with its rows gathered: in one vector of channels
+    where the filters fill exactly one (8 on AVX2, 16 on AVX-512: polyhedral.transform.plan), in two
+    where they fill two. Against numpy, and bit for bit against the scalar code."""
+    N, C, H, W, F = 2, 8, 20, 20, filters
+    lanes = target.lanes("float32")
     k = tc.define(PADDED_CONV)
     rng = np.random.default_rng(5)
     I = (rng.random((N, C, H, W)) * 2 - 1).astype(np.float32)
     Wt = (rng.random((F, C, 3, 3)) * 2 - 1).astype(np.float32)
     passes = str(k.lowered(I, Wt).passes[-1][1])
-    assert "lanes per row along h" not in passes, passes  # no column's rows gathered
-    if target.lanes("float32") == 16:
-        assert "18x16 register tile of S1" in passes and "1x16 lanes per row along f" in passes, passes
+    if F % lanes == 0:
+        assert "lanes per row along h" not in passes, passes  # no column's rows gathered
+        assert f"{F // lanes}x{lanes} lanes per row along f" in passes, passes
+    if F == lanes:
+        rows = 18 if lanes == 16 else 12  # a tile's accumulators: 24 on AVX-512, 12 on AVX2
+        assert f"{rows}x{lanes} register tile of S1" in passes, passes
     got = k(I, Wt)
     if target.fma:
         np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
@@ -259,11 +267,14 @@ def test_a_conv_row_tile_prefetches_the_next_rows_of_its_input(target: cputarget
     W = (rng.random((3, 8, 4, 3, 3)) * 2 - 1).astype(np.float32)
     passes = str(k.lowered(I, W).passes[-1][1])
     tiles = [line for line in passes.split("\n") if "register tile of S1" in line]
-    assert tiles and all("prefetching I along c3" in line for line in tiles), tiles
     src = _kernel_text(k.source(I, W))
     fetched = re.findall(r"__builtin_prefetch\(\(const void \*\)\(\(uintptr_t\)t0 \+ sizeof\(\*t0\) \* "
                          r"\((.*)\)\)\);", src)
-    assert fetched and all("(c3 + 1)) + (2)) * 20L" in f for f in fetched), fetched
+    if tiles and all("lanes per row along f" in line for line in tiles):  # 4-lane targets: channel vectors
+        assert not fetched and not any("prefetching" in line for line in tiles), tiles
+    else:
+        assert tiles and all("prefetching I along c3" in line for line in tiles), tiles
+        assert fetched and all("(c3 + 1)) + (2)) * 20L" in f for f in fetched), fetched
     got = k(I, W)
     assert_sum_close(got, lambda a, b: np.einsum("ngchwkl,gfckl->ngfhw", np.lib.stride_tricks.sliding_window_view(
         a, (3, 3), axis=(3, 4)), b, dtype=np.float64), I, W, terms=4 * 9)
