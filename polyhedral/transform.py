@@ -470,8 +470,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         # stay as they were (AVX-512 8x16x46x46 0.93x in this form, AVX2 8x32x20x20 0.99x). The same
         # results, bit for bit.
         steps = math.prod(infos[i].extent for i in red)
-        if not count and infos[first].extent == lanes and (column or idle_rows and steps >= ONE_VECTOR_STEPS
-                                                           and infos[contig].extent <= 2 * lanes):
+        if not count and infos[first].extent == lanes and \
+                (column or (idle_rows and steps >= ONE_VECTOR_STEPS and infos[contig].extent <= 2 * lanes)):
             count = 1
         given = _fit(options.tile, n, 0) if options.tile is not None else None
 

@@ -187,11 +187,13 @@ class CKernel:
         self._makers = [(at, _maker(shape, dtype, zero)) for at, shape, dtype, zero in self._fresh]
         self._nonempty = all(n for _, n in self._inputs) and all(math.prod(sh) for _, sh, _, _ in self._fresh)
         self._params = len(low.source.params)
-        self._temps = [(position[t.name], buffers.get(t.name, 0), t.dtype, t.name not in self.unwritten_ok)
-                       for t in c.temps if t.name in position]
-        # (temporary's position among the C parameters, how to make its buffer), for run_at
-        self._temp_makers = [(at, functools.partial(np.zeros if zero or not size else np.empty, max(size, 1),
-                                                    dtype=temp_type)) for at, size, temp_type, zero in self._temps]
+        # (temporary's position among the C parameters, how to make its buffer: one element where the
+        # kernel keeps it in registers or on its stack, zeroed where a sharer needs zeros)
+        self._temp_makers = [
+            (position[t.name], functools.partial(np.zeros if zeroed or not size else np.empty, max(size, 1),
+                                                 dtype=t.dtype))
+            for t in c.temps if t.name in position
+            for size, zeroed in [(buffers.get(t.name, 0), t.name not in self.unwritten_ok)]]
         self._plain = self._nonempty
         self._errors = threading.local()  # run_at's error record, one per calling thread, reused
 
@@ -254,8 +256,8 @@ class CKernel:
                     held.append(o)
                 addresses[at] = _address(o)
         # owners get a buffer for their group (the kernel zeroes what sharers need)
-        for at, size, temp_type, zero in self._temps:
-            t = (np.zeros if zero or not size else np.empty)(max(size, 1), dtype=temp_type)
+        for at, make in self._temp_makers:
+            t = make()
             held.append(t)
             addresses[at] = _address(t)
         err = np.zeros(2, dtype=np.int64)
