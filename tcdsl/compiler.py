@@ -189,11 +189,12 @@ class CKernel:
         self._params = len(low.source.params)
         # (temporary's position among the C parameters, how to make its buffer: one element where the
         # kernel keeps it in registers or on its stack, zeroed where a sharer needs zeros)
-        self._temp_makers = [
-            (position[t.name], functools.partial(np.zeros if zeroed or not size else np.empty, max(size, 1),
-                                                 dtype=t.dtype))
-            for t in c.temps if t.name in position
-            for size, zeroed in [(buffers.get(t.name, 0), t.name not in self.unwritten_ok)]]
+        self._temp_makers: list[tuple[int, Callable[[], np.ndarray]]] = []
+        for t in c.temps:
+            if t.name in position:
+                size = buffers.get(t.name, 0)
+                make = np.zeros if t.name not in self.unwritten_ok or not size else np.empty
+                self._temp_makers.append((position[t.name], functools.partial(make, max(size, 1), dtype=t.dtype)))
         self._plain = self._nonempty
         self._errors = threading.local()  # run_at's error record, one per calling thread, reused
 
