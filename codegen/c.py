@@ -59,7 +59,7 @@ from tcdsl.polyhedral.loopir import (
 from tcdsl.polyhedral.scatter import ATOMIC_DTYPES
 from tcdsl.polyhedral.scop import Scop
 
-from . import mathlib, memshare, transpose, vecisa, vecloop, vectile
+from . import divide, mathlib, memshare, transpose, vecisa, vecloop, vectile
 from .facts import Facts
 from .writer import LineWriter
 from .writer import unparen as _top
@@ -1024,6 +1024,10 @@ class _Emitter(Facts):
                 return f"(({ct}){f}((long){a}, tc_nz((long){b}, {code}, tc_err)))"
             if e.op == "%":
                 return f"fmod{'f' if e.dtype == 'float32' else ''}({a}, {b})"
+            if e.op == "/" and e.dtype in ("float32", "float64"):
+                r = divide.of_divisor(e.rhs, self.scop.inst.sizes, False)  # scalar code: powers of two only
+                if r is not None and r.exact:
+                    return f"(({ct})({a} * {divide.literal(r.hi, e.dtype)}))"
             if e.op in ("&&", "||") and self._pure(e.lhs, s) and self._pure(e.rhs, s):
                 # both sides are safe to evaluate: no branch (GCC 12 mis-vectorises some && / || chains)
                 return f"((bool){a} {e.op[0]} (bool){b})"

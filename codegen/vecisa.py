@@ -73,7 +73,7 @@ def prelude(target: CpuTarget) -> str:
     exp = "" if target.isa in ("avx512", "avx2") else _CLAMP[target.isa] + _EXP_VECTOR_EXTENSIONS
     min_max = _GENERIC_MIN_MAX if target.isa == "generic" else ""
     return (head + body + _LANE_MASKS + _partial(target.isa) + _strided(target.isa) + _stream(target.isa) + min_max
-            + exp + _TANH_LOG
+            + exp + _TANH_LOG + _outside(target.isa) + _DIVC
             + "#endif\n#ifndef tc_stream_fence\n#define tc_stream_fence() ((void)0)\n#endif\n")
 
 
@@ -317,6 +317,43 @@ static inline void tc_vi_store(void *p, tc_vi v) { __builtin_memcpy(p, &v, sizeo
 #define tc_vi_zero() ((tc_vi){0})
 #define tc_vi_fma(a, b, c) ((a) * (b) + (c))
 """
+
+# a division by a float32 constant as its reciprocal in two parts, where codegen.divide verified it
+_DIVC = r"""/* x / c, c fixed at compile time, with the division's bits (codegen.divide): x * hi + x * lo in a
+   multiply and an fma; a vector with a lane whose |x| lies outside [from, to) (zero, subnormal,
+   huge, inf, NaN) divides */
+static inline __attribute__((always_inline)) tc_vf tc_vf_divc(tc_vf x, float c, float hi, float lo,
+                                                              float from, float to) {
+  if (__builtin_expect(tc_vf_outside(x, from, to), 0)) return x / tc_vf_set1(c);
+  return tc_vf_fma(x, tc_vf_set1(hi), x * tc_vf_set1(lo));
+}
+"""
+
+
+def _outside(isa: str) -> str:
+    """``tc_vf_outside(x, from, to)``: whether a lane's ``|x|`` is not in ``[from, to)`` (NaN is
+    not): x86 compares unordered-true into a mask register or a sign mask, the others test vector
+    extensions' lane masks."""
+    if isa == "avx512":
+        return ("#define tc_vf_outside(x, from, to) ((_mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(from), "
+                "_CMP_NGE_UQ) | _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(to), _CMP_NLT_UQ)) != 0)\n")
+    if isa == "avx2":
+        return ("static inline __attribute__((always_inline)) int tc_vf_outside(__m256 x, float from, float to) {\n"
+                "  const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);\n"
+                "  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(ax, _mm256_set1_ps(from), _CMP_NGE_UQ),\n"
+                "                                         _mm256_cmp_ps(ax, _mm256_set1_ps(to), _CMP_NLT_UQ))) != 0;\n}\n")
+    if isa == "sse2":
+        return ("static inline __attribute__((always_inline)) int tc_vf_outside(__m128 x, float from, float to) {\n"
+                "  const __m128 ax = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);\n"
+                "  return _mm_movemask_ps(_mm_or_ps(_mm_cmpnge_ps(ax, _mm_set1_ps(from)), "
+                "_mm_cmpnlt_ps(ax, _mm_set1_ps(to)))) != 0;\n}\n")
+    any_lane = ("return vmaxvq_u32((uint32x4_t)m) != 0;" if isa == "neon" else
+                "int any = 0; for (unsigned k = 0; k < sizeof m / sizeof m[0]; k++) any |= m[k]; return any != 0;")
+    return (f"static inline int tc_vf_any(tc_vfi m) {{ {any_lane} }}\n"
+            "static inline int tc_vf_outside(tc_vf x, float from, float to) {\n"
+            "  const tc_vf ax = (tc_vf)((tc_vfi)x & 0x7fffffff);\n"
+            "  return tc_vf_any(~((tc_vfi)(ax >= tc_vf_set1(from)) & (tc_vfi)(ax < tc_vf_set1(to))));\n}\n")
+
 
 # max and min as the scalar tc_max/tc_min (codegen.c), lane by lane: a where a > b (a < b) or a is NaN, else b
 _GENERIC_MIN_MAX = "".join(

@@ -73,6 +73,7 @@ from tcdsl.polyhedral.loopir import (
     trip_count,
 )
 
+from . import divide
 from .facts import Facts
 from .vecisa import half_type, vector_type
 from .writer import unparen
@@ -487,7 +488,13 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
     if isinstance(e, Const) or fixed_value(e):
         return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
-        a, b = (vexpr(em, e.lhs, env, s, row, loads, lane, half), vexpr(em, e.rhs, env, s, row, loads, lane, half))
+        a = vexpr(em, e.lhs, env, s, row, loads, lane, half)
+        r = divide.of_divisor(e.rhs, em.scop.inst.sizes, em.target.fma) if e.op == "/" and not half else None
+        if r is not None and r.exact:
+            return f"({a} * {v}_set1({divide.literal(r.hi, e.dtype)}))"
+        if r is not None:
+            return f"tc_vf_divc({a}, {', '.join(divide.literal(x, e.dtype) for x in (r.divisor, r.hi, r.lo, *r.window))})"
+        b = vexpr(em, e.rhs, env, s, row, loads, lane, half)
         return f"({a} {LOOP_OPS[e.op]} {b})"
     if isinstance(e, Unop):
         return f"(-{vexpr(em, e.arg, env, s, row, loads, lane, half)})"

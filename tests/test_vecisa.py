@@ -2,7 +2,8 @@
 broadcasts and fused multiply-adds lane by lane; the vector float32 ``exp``, ``tanh`` and ``log``
 within their stated bounds (2, 2 and 1 ulp against float64) over their whole range, subnormals,
 signed zeros, infinities, NaN and log's negatives included; and ``max``/``min`` of float32 and
-float64 with the bits of the scalar ``tc_max``/``tc_min`` (NaN from either side, -0.0/+0.0 ties).
+float64 with the bits of the scalar ``tc_max``/``tc_min`` (NaN from either side, -0.0/+0.0 ties);
+and the division by a constant through its two-part reciprocal with the division's bits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from tcdsl.codegen import toolchain, vecisa
+from tcdsl.codegen import divide, toolchain, vecisa
 from tcdsl.errors import TcArgumentError
 from tcdsl.polyhedral import cputarget
 
@@ -47,6 +48,13 @@ void vecisa_math(const float *x, float *out_tanh, float *out_log, long n) {
     tc_vf_store(&out_tanh[i], tc_vf_tanh(v));
     tc_vf_store(&out_log[i], tc_vf_log(v));
   }
+#endif
+}
+/* out[i] = tc_vf_divc(x[i], ...): x / c by the two-part reciprocal (n a multiple of the float32 lanes) */
+void vecisa_divc(const float *x, float *out, float c, float hi, float lo, float from, float to, long n) {
+#if TC_VEC
+  for (long i = 0; i < n; i += (long)(sizeof(tc_vf) / sizeof(float)))
+    tc_vf_store(&out[i], tc_vf_divc(tc_vf_load(&x[i]), c, hi, lo, from, to));
 #endif
 }
 /* max and min of a and b, float32 and float64 (n a multiple of the float32 lanes) */
@@ -161,6 +169,31 @@ def test_vector_tanh_and_log(name: str, monkeypatch: pytest.MonkeyPatch) -> None
     zeros = x == 0
     np.testing.assert_array_equal(np.signbit(th[zeros]), np.signbit(x[zeros]))
     assert np.all(np.isnan(lg[x < 0])) and np.all(np.isneginf(lg[zeros]))
+
+
+@pytest.mark.parametrize("name", _targets())
+@pytest.mark.parametrize("divisor", [3.0, 1000.0, -0.1, 7.3e-5, 6.1e19])
+def test_vector_division_by_a_constant_has_the_divisions_bits(name: str, divisor: float,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tc_vf_divc`` (codegen.divide's two-part reciprocal) on every kind of float32, lanes inside
+    and outside its window side by side: numpy's division, bit for bit (targets with an fma)."""
+    lib, _, target = _library(name, monkeypatch)
+    r = divide.reciprocal(float(np.float32(divisor)), "float32", target.fma)
+    if not target.fma:
+        assert r is None
+        return
+    assert r is not None and not r.exact
+    x = _padded(_special_grid(np.random.default_rng(6)))
+    out = np.empty_like(x)
+    lib.vecisa_divc.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_float] * 5 + [ctypes.c_long]
+    lib.vecisa_divc(x.ctypes.data, out.ctypes.data, r.divisor, r.hi, r.lo, *r.window, x.size)
+    with np.errstate(all="ignore"):
+        want = x / np.float32(divisor)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    inside = (np.abs(x) >= r.window[0]) & (np.abs(x) < r.window[1])
+    assert inside.reshape(-1, target.lanes("float32")).all(1).mean() > 0.05  # vectors on the fast path
 
 
 def _scalar_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
