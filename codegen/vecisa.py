@@ -341,7 +341,7 @@ def _outside(isa: str) -> str:
         return ("static inline __attribute__((always_inline)) int tc_vf_outside(__m256 x, float from, float to) {\n"
                 "  const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);\n"
                 "  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(ax, _mm256_set1_ps(from), _CMP_NGE_UQ),\n"
-                "                                         _mm256_cmp_ps(ax, _mm256_set1_ps(to), _CMP_NLT_UQ))) != 0;\n}\n")
+                "                      _mm256_cmp_ps(ax, _mm256_set1_ps(to), _CMP_NLT_UQ))) != 0;\n}\n")
     if isa == "sse2":
         return ("static inline __attribute__((always_inline)) int tc_vf_outside(__m128 x, float from, float to) {\n"
                 "  const __m128 ax = _mm_andnot_ps(_mm_set1_ps(-0.0f), x);\n"

@@ -493,7 +493,8 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         if r is not None and r.exact:
             return f"({a} * {v}_set1({divide.literal(r.hi, e.dtype)}))"
         if r is not None:
-            return f"tc_vf_divc({a}, {', '.join(divide.literal(x, e.dtype) for x in (r.divisor, r.hi, r.lo, *r.window))})"
+            values = ", ".join(divide.literal(x, e.dtype) for x in (r.divisor, r.hi, r.lo, *r.window))
+            return f"tc_vf_divc({a}, {values})"
         b = vexpr(em, e.rhs, env, s, row, loads, lane, half)
         return f"({a} {LOOP_OPS[e.op]} {b})"
     if isinstance(e, Unop):
