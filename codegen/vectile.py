@@ -489,7 +489,9 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         return f"{h}_set1({em._expr(e, env, s)})"
     if isinstance(e, Binop):
         a = vexpr(em, e.lhs, env, s, row, loads, lane, half)
-        r = divide.of_divisor(e.rhs, em.scop.inst.sizes, em.target.fma) if e.op == "/" and not half else None
+        # a quotient whose dividend does not move along the row (``1.0 / D``) is folded or hoisted by GCC
+        moves = e.op == "/" and not half and not uniform(em, e.lhs, s, row, True)
+        r = divide.of_divisor(e.rhs, em.scop.inst.sizes, em.target.fma) if moves else None
         if r is not None and r.exact:
             return f"({a} * {v}_set1({divide.literal(r.hi, e.dtype)}))"
         if r is not None:

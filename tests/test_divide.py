@@ -148,3 +148,9 @@ def test_a_mean_in_vectors_divides_each_term_as_the_division(name: str, monkeypa
     with np.errstate(all="ignore"):
         _assert_same_bits(k(X), X[np.arange(R), col] / np.float32(1000))
     assert (k.lowered(X).source.text.count("tc_vf_divc(") > 1) == target.fma  # calls beside the definition
+    # a quotient of constants along the row (``1.0 / D``) stays one division, which GCC folds
+    k2 = tc.define("def m2(float(N, D) X) -> (M) { M(n) +=! X(n, d) * (1.0 / D) }")
+    Y = np.zeros((8, 1000), np.float32)
+    Y[:, 3] = np.arange(1, 9)
+    _assert_same_bits(k2(Y), Y[:, 3] * (np.float32(1) / np.float32(1000)))
+    assert k2.lowered(Y).source.text.count("tc_vf_divc(") <= 1
