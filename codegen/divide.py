@@ -95,8 +95,9 @@ def reciprocal(divisor: float, dtype: str, fma: bool) -> Reciprocal | None:
     hi, lo = _split(divisor)
     if abs(lo) < 2.0 ** -126:  # a subnormal low part loses the bits the check relied on
         return None
-    # the window: x * lo normal (|x| >= 2^-125 / |lo|, so x / c too), x * hi, x * lo and x finite
-    low = math.ceil(math.log2(2.0 ** -125 / abs(lo))) + 1
+    # the window: x normal (zeros and subnormals divide: a tiny divisor's bound would reach them),
+    # x * lo normal (|x| >= 2^-125 / |lo|, so x / c too), x * hi, x * lo and x finite
+    low = max(-126, math.ceil(math.log2(2.0 ** -125 / abs(lo))) + 1)
     high = min(127, math.floor(math.log2(2.0 ** 126 / abs(hi))))
     return Reciprocal(divisor, hi, lo, low, high) if low < high else None
 
