@@ -12,6 +12,8 @@ extensions of the target's width. Rows of elements ``s`` apart have ``_gather(p,
 ``_scatter(p, s, v)`` on every target. The last ``n`` elements of a row (``n`` below the lanes) have
 ``_load_n(n, p)``, which reads only them and leaves the lanes above zero (AVX-512's and AVX2's
 masked loads, lane by lane elsewhere), and ``_first(n)``, the lane mask of the first ``n`` lanes.
+``tc_vf_divc`` divides by a float32 constant through its two-part reciprocal (codegen.divide) where
+``tc_vf_outside`` finds every lane in the window that form was checked for, and divides elsewhere.
 
 ``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.c) lane by lane: the
 running value ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else the new value ``b`` (so a NaN
