@@ -1027,7 +1027,7 @@ class _Emitter(Facts):
             if e.op == "/" and e.dtype in ("float32", "float64"):
                 r = divide.of_divisor(e.rhs, self.scop.inst.sizes, False)  # scalar code: powers of two only
                 if r is not None and r.exact:
-                    return f"(({ct})({a} * {divide.literal(r.hi, e.dtype)}))"
+                    return f"(({ct})({a} * {_literal(r.hi, ct)}))"
             if e.op in ("&&", "||") and self._pure(e.lhs, s) and self._pure(e.rhs, s):
                 # both sides are safe to evaluate: no branch (GCC 12 mis-vectorises some && / || chains)
                 return f"((bool){a} {e.op[0]} (bool){b})"

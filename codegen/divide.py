@@ -71,11 +71,6 @@ def of_divisor(e: TExpr, sizes: dict[str, int], fma: bool) -> Reciprocal | None:
     return reciprocal(value, e.dtype, fma)
 
 
-def literal(x: float, dtype: str) -> str:
-    """``x`` (a value of ``dtype``) as an exact C literal."""
-    return f"{x.hex()}f" if dtype == "float32" else x.hex()
-
-
 def reciprocal(divisor: float, dtype: str, fma: bool) -> Reciprocal | None:
     """How to divide ``dtype`` values by ``divisor`` (already rounded to ``dtype``) without a
     division, or None (divide)."""

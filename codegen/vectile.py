@@ -493,9 +493,9 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         moves = e.op == "/" and not half and not uniform(em, e.lhs, s, row, True)
         r = divide.of_divisor(e.rhs, em.scop.inst.sizes, em.target.fma) if moves else None
         if r is not None and r.exact:
-            return f"({a} * {v}_set1({divide.literal(r.hi, e.dtype)}))"
+            return f"({a} * {v}_set1({em._expr(Const(e.dtype, r.hi), env, s)}))"
         if r is not None:
-            values = ", ".join(divide.literal(x, e.dtype) for x in (r.divisor, r.hi, r.lo, *r.window))
+            values = ", ".join(em._expr(Const(e.dtype, x), env, s) for x in (r.divisor, r.hi, r.lo, *r.window))
             return f"tc_vf_divc({a}, {values})"
         b = vexpr(em, e.rhs, env, s, row, loads, lane, half)
         return f"({a} {LOOP_OPS[e.op]} {b})"
