@@ -202,8 +202,8 @@ class Kernel:
         return self._compiled_for(self._instance(arrays), arrays, self._choice(arrays, "c", options).options)
 
     @functools.cached_property
-    def _layout(self) -> CheckedDef | None:
-        return layout.rewrite(self.checked)
+    def _layout(self) -> bool:
+        return layout.applies(self.checked)
 
     def _for_c(self, inst: Instance, options: MappingOptions) -> Instance:
         """The instance the C backend compiles: the def with its contractions' operands laid out
@@ -211,12 +211,14 @@ class Kernel:
         orders for the def as written)."""
         fixed = options.tile is not None or options.register_tile is not None or options.point_order is not None
         small = max((math.prod(bs.shape) for bs in inst.stmts if bs.stmt.reductions), default=0) < LAYOUT_MIN_WORK
-        if self._layout is None or options.layout is False or (options.layout is None and (fixed or small)):
+        if not self._layout or options.layout is False or (options.layout is None and (fixed or small)):
             return inst
         key = tuple(sorted(inst.sizes.items()))
         laid = self._laid_out.get(key)
         if laid is None:
-            laid = instantiate(self._layout, inst.sizes)
+            rewritten = layout.rewrite(self.checked, inst.sizes)
+            assert rewritten is not None  # self._layout: a statement has the form
+            laid = instantiate(rewritten, inst.sizes)
             with self._lock:
                 self._laid_out[key] = laid
         return laid

@@ -3,18 +3,31 @@ operand that runs along the output's contiguous index (the C backend's register-
 
 ``T(x, y) +=! A(x, r) * B(y, r)`` (a fully connected layer with weights ``W(out, in)``, ``A Bᵀ``)
 has both operands contiguous along the reduction index only: compiled as it stands, each output
-element is a dot product, four times slower than a register-tiled product. Rewritten as
+element is a dot product, four times slower than a register-tiled product. Rewritten either as a
+product against ``B`` transposed,
 
-    At(r, x) = A(x, r)                    # a blocked transpose of the operand
+    Bt(r, y) = B(y, r)                    # a blocked transpose of the operand
+    T(x, y) +=! A(x, r) * Bt(r, y)        # Bt runs along T's contiguous index y
+
+or, where ``A`` and ``T`` together are smaller than ``B`` (a layer's batch against its weights),
+as a product against ``A`` transposed that writes ``T`` transposed:
+
+    At(r, x) = A(x, r)
     Tt(y, x) +=! B(y, r) * At(r, x)       # At runs along Tt's contiguous index x
     T(x, y) = Tt(y, x)                    # a blocked transpose back
 
-it computes the same sums (each element still adds its products in an unspecified order) with
-two extra passes over ``A`` and ``T``. Only statements with plain index subscripts and no
-``where`` clause are rewritten; the interpreter keeps the def as written.
+it computes the same sums (each element still adds its products in an unspecified order). The
+form moving fewer elements is taken at the call's sizes (``forms``): ``|B|`` against ``|A| + |T|``.
+Measured on 2 threads (Zen 4, AVX-512): 1024^3 12.1 ms as ``At`` against 10.6 as ``Bt``,
+960x1088x1000 14.6 against 9.8, a layer's 128x1024 -> 1024 1.33 against 1.67. Only statements with
+plain index subscripts and no ``where`` clause are rewritten; the interpreter keeps the def as
+written.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 from .core import ast as A
 from .core.affine import Sym, Var
@@ -24,24 +37,48 @@ from .core.sema import check_def
 from .grammar import parse
 
 
-def rewrite(checked: CheckedDef) -> CheckedDef | None:
-    """The rewritten def, or None when no statement has the ``A Bᵀ`` form."""
+def applies(checked: CheckedDef) -> bool:
+    """Whether a statement has the ``A Bᵀ`` form (the rewrite does something at any sizes)."""
+    return any(_match(s, checked) is not None for s in checked.stmts)
+
+
+def forms(checked: CheckedDef, sizes: Mapping[str, int]) -> dict[int, str]:
+    """For each statement with the ``A Bᵀ`` form (by number), the operand the rewrite transposes at
+    these sizes: ``"B"`` (the one along the output's contiguous index) or ``"A"`` (and the output)."""
+    def elements(name: str) -> int:
+        return math.prod(max(int(d.eval(sizes)), 0) for d in checked.tensors[name].dims)
+
+    out = {}
+    for s in checked.stmts:
+        m = _match(s, checked)
+        if m is not None:
+            a, b = m[0], m[1]
+            out[s.number] = "B" if elements(b) <= elements(a) + elements(s.tensor) else "A"
+    return out
+
+
+def rewrite(checked: CheckedDef, sizes: Mapping[str, int]) -> CheckedDef | None:
+    """The rewritten def at these sizes (``forms``), or None when no statement has the ``A Bᵀ`` form."""
+    chosen = forms(checked, sizes)
+    if not chosen:
+        return None
     taken = set(checked.tensors) | set(checked.sizes) | {i for s in checked.stmts for i in s.indices}
     lines: list[str] = []
-    changed = False
     for s in checked.stmts:
         m = _match(s, checked)
         if m is None:
             lines.append(stmt(s.source))
             continue
         a, b, x, y, r = m
+        if chosen[s.number] == "B":
+            bt = _fresh(f"{b}_t", taken)
+            lines += [f"{bt}({r}, {y}) = {b}({y}, {r})",
+                      f"{s.tensor}({x}, {y}) +=! {a}({x}, {r}) * {bt}({r}, {y})"]
+            continue
         at, tt = _fresh(f"{a}_t", taken), _fresh(f"{s.tensor}_t", taken)
         lines += [f"{at}({r}, {x}) = {a}({x}, {r})",
                   f"{tt}({y}, {x}) +=! {b}({y}, {r}) * {at}({r}, {x})",
                   f"{s.tensor}({x}, {y}) = {tt}({y}, {x})"]
-        changed = True
-    if not changed:
-        return None
     head = definition(A.Def(checked.source.name, checked.source.params, checked.source.outputs, ()))
     text = head.rstrip("}").rstrip() + "\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
     module = parse(text, f"<{checked.name}, operands laid out for the C backend>")

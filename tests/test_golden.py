@@ -50,7 +50,10 @@ DEFS = {
     "maxpool": ("def pool(float(N,C,H,W) I) -> (O) {\n  O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) "
                 "where r_kh in 0:2, r_kw in 0:2\n}", [(2, 4, 16, 16)]),
     "fc_relu": ("def fc(float(B,M) I, float(N,M) W1, float(N) B1) -> (O1) {\n  O1(b, n) +=! I(b, r_m) * W1(n, r_m)\n"
-                "  O1(b, n) = O1(b, n) + B1(n)\n  O1(b, n) = fmax(O1(b, n), 0)\n}", [(32, 64), (48, 64), (48,)]),
+                "  O1(b, n) = O1(b, n) + B1(n)\n  O1(b, n) = fmax(O1(b, n), 0)\n}", [(16, 64), (96, 64), (96,)]),
+    # the same form where the weights are the smaller operand: they are transposed instead (tcdsl.layout)
+    "tmm": ("def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m, n) +=! A(m, r_k) * B(n, r_k)\n}",
+            [(48, 64), (40, 64)]),
 }
 TARGETS = ["avx512", "avx2"]
 

@@ -75,7 +75,7 @@ def space_for(checked: CheckedDef, sizes: dict[str, int]) -> Space:
     contraction (tcdsl.layout), whether explicit tiles apply to the def laid out or as written
     (the tile genes then cover the loop levels of both)."""
     ext = extents(checked, sizes)
-    laid = rewrite(checked)
+    laid = rewrite(checked, sizes)
     if laid is not None:
         ext = [max(a, b) for a, b in itertools.zip_longest(ext, extents(laid, sizes), fillvalue=1)]
     genes = [Gene("fusion", (None, *FUSION)), Gene("tiles", ("default", "explicit"))]
