@@ -1087,7 +1087,7 @@ def test_contraction_against_a_transposed_operand_is_laid_out_and_exact(b: int, 
     k = tc.define(FC_TORCH_LAYOUT)
     I, W, bias = f32((b, m)), f32((n, m), 1), f32((n,), 2)
     big = b * m * n >= LAYOUT_MIN_WORK
-    names = {"I_t", "O_t"} if n * m > b * m + b * n else {"W1_t"}  # the form moving fewer elements
+    names = {"W1_t"} if n * m < b * m + b * n else {"I_t", "O_t"}  # the form moving fewer elements
     assert (set(k.lowered(I, W, bias).scop.inst.checked.tensors) >= names) == big
     assert_sum_close(k(I, W, bias, backend="c"), lambda I, W, b: _fc(I, W.T, b), I, W, bias, terms=m + 1)
     # explicit tiles are meant for the def as written: no rewrite then, unless layout=True says that
@@ -1122,13 +1122,44 @@ def test_layout_leaves_other_statements_alone():
 @pytest.mark.parametrize("m, n, k, form", [(1024, 1024, 1024, "B"), (960, 1088, 1000, "B"), (128, 1024, 1024, "A"),
                                            (512, 256, 2048, "B"), (96, 900, 500, "A"), (1, 1, 1, "B")])
 def test_layout_transposes_the_operand_that_moves_fewer_elements(m: int, n: int, k: int, form: str):
-    """``T(x, y) +=! A(x, r) * B(y, r)``: B is transposed where it has no more elements than A and T
+    """``T(x, y) +=! A(x, r) * B(y, r)``: B is transposed where it has fewer elements than A and T
     together (a square product), else A and T (a layer's batch against its weights)."""
     from tcdsl.layout import forms
 
     kern = tc.define("def f(float(M,K) A, float(N,K) B) -> (T) { T(m, n) +=! A(m, r) * B(n, r) }")
     assert forms(kern.checked, {"M": m, "N": n, "K": k}) == {1: form}
-    assert (n * k <= m * k + m * n) == (form == "B")
+    assert (n * k < m * k + m * n) == (form == "B")
+
+
+# the contractions whose operand along the output's contiguous index runs along the reduction:
+# (def, shapes, numpy, the laid-out def's new tensors at those shapes, the terms of a sum)
+TRANSPOSED_PRODUCTS = [
+    ("def f(float(K,M) A, float(N,K) B) -> (C) { C(m, n) +=! A(r, m) * B(n, r) }",  # Aᵀ Bᵀ: the result transposed
+     [(70, 40), (90, 70)], lambda A, B: A.T @ B.T, {"C_t"}, 70),
+    ("def f(float(K,M) A, float(N,K) B) -> (C) { C(m, n) +=! B(n, r) * A(r, m) }",  # the operands swapped: B
+     [(30, 200), (20, 30)], lambda A, B: A.T @ B.T, {"B_t"}, 30),
+    ("def f(float(Z,M,K) A, float(Z,N,K) B) -> (C) { C(z, m, n) +=! A(z, m, r) * B(z, n, r) }",  # Q Kᵀ
+     [(3, 50, 40), (3, 45, 40)], lambda A, B: A @ B.transpose(0, 2, 1), {"B_t"}, 40),
+    ("def f(float(Z,M,K) A, float(Z,N,K) B) -> (C) { C(z, m, n) +=! A(z, m, r) * B(z, n, r) }",
+     [(2, 20, 60), (2, 300, 60)], lambda A, B: A @ B.transpose(0, 2, 1), {"A_t", "C_t"}, 60),
+    ("def f(float(Z,K,M) A, float(Z,N,K) B) -> (C) { C(z, m, n) +=! A(z, r, m) * B(z, n, r) }",
+     [(2, 33, 41), (2, 47, 33)], lambda A, B: A.transpose(0, 2, 1) @ B.transpose(0, 2, 1), {"B_t"}, 33),
+    ("def f(float(N,K) A) -> (C) { C(i, j) +=! A(i, r) * A(j, r) }", [(40, 90)], lambda A: A @ A.T, {"A_t"}, 90),
+]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", range(len(TRANSPOSED_PRODUCTS)))
+def test_transposed_and_batched_products_are_laid_out_and_match_numpy(case: int):
+    """``Aᵀ Bᵀ``, batched ``A Bᵀ`` (attention's ``Q Kᵀ``) and ``A Aᵀ`` take the register-tiled form
+    through a transpose of one operand or of the result; the same sums as numpy, as written too."""
+    src, shapes, ref, laid, terms = TRANSPOSED_PRODUCTS[case]
+    k = tc.define(src)
+    args = [f32(s, seed) for seed, s in enumerate(shapes)]
+    assert laid <= set(k.lowered(*args).scop.inst.checked.tensors)
+    for _ in range(2):
+        assert_sum_close(k(*args), ref, *args, terms=terms)
+    assert_sum_close(k(*args, options=MappingOptions(layout=False)), ref, *args, terms=terms)
 
 
 # ---- small windows reduced into contiguous outputs -------------------------------------------------------
