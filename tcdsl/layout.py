@@ -1,32 +1,36 @@
-"""Layout: ``CheckedDef -> CheckedDef | None``, a def rewritten so that every contraction has an
-operand that runs along the output's contiguous index (the C backend's register-tiled form).
+"""Layout: ``CheckedDef -> CheckedDef | None``, a def rewritten so that every contraction is laid
+out as a (batched) matrix product, the C backend's register-tiled form.
 
-A contraction ``T(z.., x, y) +=! A * B`` of two reads, ``A`` indexed by ``x`` and the reduction
-index ``r``, ``B`` by ``y`` and ``r`` (``z..``: batch indices leading every subscript list), wants
-``B`` laid out ``(r, y)``: its rows are then the register tile's vectors along ``y``. Where ``B``
-is ``(y, r)`` instead (``A Bᵀ``: a fully connected layer with weights ``W(out, in)``, attention's
-``Q Kᵀ``, ``Aᵀ Bᵀ``), compiled as it stands, each output element is a dot product (or, for ``Aᵀ
-Bᵀ``, a tile of gathered reads), four to a hundred times slower than a register-tiled product.
-Rewritten either as a product against ``B`` transposed,
+A contraction ``T(..) +=! P(..) * Q(..)`` of two reads with plain index subscripts sorts its
+indices into four groups: batch indices ``z`` (in T, P and Q), ``x`` (in T and one operand, A),
+``y`` (in T and the other, B) and reduction indices ``r`` (in A and B). The register tiles want
 
-    Bt(z.., r, y) = B(z.., y, r)             # a blocked transpose of the operand
-    T(z.., x, y) +=! A * Bt(z.., r, y)        # Bt runs along T's contiguous index y
+    T(z.., x.., y..) +=! A(z.., x.., r..) * B(z.., r.., y..)      (A may be (z.., r.., x..) too)
 
-or as the product written transposed, against ``A`` laid out ``(r, x)`` (transposed first where it
-is ``(x, r)``), and a transpose back:
+B's rows are then the tile's vectors along T's contiguous index (its other indices may come in any
+order), A gives one value per row of the tile. Laid out otherwise (``A Bᵀ``: a fully connected
+layer with weights ``W(out, in)``, attention's ``Q Kᵀ``, ``Aᵀ Bᵀ``, a batch index between the
+others, two reduction indices in another order), the plan made each output element a dot product
+or loaded the vector operand with gathers: 3 to 100 times slower. Rewritten, the tensors out of
+that form are moved by blocked transposes:
 
-    At(z.., r, x) = A(z.., x, r)
-    Tt(z.., y, x) +=! B(z.., y, r) * At(z.., r, x)   # At runs along Tt's contiguous index x
-    T(z.., x, y) = Tt(z.., y, x)
+    Bt(r, y) = B(y, r)                      # an operand transposed
+    T(x, y) +=! A(x, r) * Bt(r, y)
 
-it computes the same sums (each element still adds its products in an unspecified order). The
-form moving fewer elements is taken at the call's sizes (``forms``): ``|B|`` against ``|A| + |T|``
-(``|T|`` where ``A`` is laid out ``(r, x)`` already), the second on a tie. Measured on 2 threads
-(Zen 4, AVX-512): ``A Bᵀ`` 1024^3 12.1 ms in the second form against 10.6 in the first,
-960x1088x1000 14.6 against 9.8, a layer's 128x1024 -> 1024 1.33 against 1.67; ``Aᵀ Bᵀ`` 512^3
-153 ms as written, 1.6 in the second form; ``Q Kᵀ`` 8x512^3 30.3 ms as written, 16.1 in the first.
-Only statements with plain index subscripts and no ``where`` clause are rewritten; the interpreter
-keeps the def as written.
+or, with the operands' roles swapped, the product is written transposed and moved back:
+
+    At(r, x) = A(x, r)
+    Tt(y, x) +=! B(y, r) * At(r, x)
+    T(x, y) = Tt(y, x)
+
+It computes the same sums (each element still adds its products in an unspecified order). Of the
+two role assignments, the one moving fewer elements is taken at the call's sizes (``plans``); on a
+tie, the one with the second operand in A's role (for ``A Bᵀ``, the product written transposed).
+Measured on 2 threads (Zen 4, AVX-512): ``A Bᵀ`` 1024^3 12.1 ms in the second form against 10.6
+in the first, 960x1088x1000 14.6 against 9.8, a layer's 128x1024 -> 1024 1.33 against 1.67;
+``Aᵀ Bᵀ`` 512^3 153 ms as written, 1.6 in the second form; ``Q Kᵀ`` 8x512^3 30.3 ms as written,
+12-14 in the first. Only statements with plain index subscripts and no ``where`` clause are
+rewritten; the interpreter keeps the def as written.
 """
 
 from __future__ import annotations
@@ -45,62 +49,100 @@ from .grammar import parse
 
 @dataclass(frozen=True)
 class Contraction:
-    """``T(z.., x, y) +=! A * B`` with ``B`` laid out ``(z.., y, r)``: the statement ``layout`` rewrites."""
-    a: str  # the operand indexed by x and r
-    b: str  # the operand indexed by y and r, laid out (z.., y, r)
-    batch: tuple[str, ...]
-    x: str
-    y: str
-    r: str
-    a_rx: bool  # A is laid out (z.., r, x) already (Aᵀ Bᵀ)
+    """``T(t..) +=! P(p..) * Q(q..)``: the output's and the operands' tensors and index names."""
+    t: tuple[str, tuple[str, ...]]
+    p: tuple[str, tuple[str, ...]]
+    q: tuple[str, tuple[str, ...]]
+    reductions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A contraction laid out: the operand in A's role and the one in B's, each tensor's target
+    index order, and the tensors (``"T"``, ``"A"``, ``"B"``) that move to get there."""
+    a: tuple[str, tuple[str, ...]]
+    b: tuple[str, tuple[str, ...]]
+    t_order: tuple[str, ...]
+    a_order: tuple[str, ...]
+    b_order: tuple[str, ...]
+    moved: tuple[str, ...]
 
 
 def applies(checked: CheckedDef) -> bool:
-    """Whether a statement has a form the rewrite changes (at any sizes)."""
-    return any(match(s, checked) is not None for s in checked.stmts)
+    """Whether a statement is a contraction out of the register-tiled form (the rewrite lays it out
+    at any sizes: which tensors move is a matter of the index orders, which of them a matter of sizes)."""
+    found = (match(s, checked) for s in checked.stmts)
+    return any(c is not None and all(pl.moved for pl in _options(c)) for c in found)
 
 
-def forms(checked: CheckedDef, sizes: Mapping[str, int]) -> dict[int, str]:
-    """For each statement the rewrite changes (by number), the form it takes at these sizes: ``"B"``
-    (B transposed) or ``"A"`` (the product written transposed, A laid out for it, a transpose back)."""
+def plans(checked: CheckedDef, sizes: Mapping[str, int]) -> dict[int, Plan]:
+    """For each contraction not in the register-tiled form (by statement number), the layout it
+    takes at these sizes: of the two role assignments, the one moving fewer elements."""
     def elements(name: str) -> int:
         return math.prod(max(int(d.eval(sizes)), 0) for d in checked.tensors[name].dims)
 
     out = {}
     for s in checked.stmts:
-        m = match(s, checked)
-        if m is not None:
-            moved_a = (0 if m.a_rx else elements(m.a)) + elements(s.tensor)
-            out[s.number] = "B" if elements(m.b) < moved_a else "A"
+        c = match(s, checked)
+        if c is None:
+            continue
+        options = _options(c)
+        costs = [sum(elements({"T": c.t, "A": pl.a, "B": pl.b}[m][0]) for m in pl.moved) for pl in options]
+        best = options[costs.index(min(costs))]
+        if best.moved:
+            out[s.number] = best
     return out
 
 
+def _options(c: Contraction) -> list[Plan]:
+    """The two role assignments' layouts; on a tie of their costs, the first (for ``A Bᵀ``, the
+    product written transposed) is taken."""
+    return [_plan(c, a, b) for a, b in ((c.q, c.p), (c.p, c.q))]
+
+
+def _plan(c: Contraction, a: tuple[str, tuple[str, ...]], b: tuple[str, tuple[str, ...]]) -> Plan:
+    """The layout with ``a`` in A's role and ``b`` in B's."""
+    t_subs = c.t[1]
+    z = [i for i in t_subs if i in a[1] and i in b[1]]
+    x = [i for i in t_subs if i in a[1] and i not in b[1]]
+    y = [i for i in t_subs if i in b[1] and i not in a[1]]
+    r = [i for i in b[1] if i in c.reductions]  # in B's order
+    t_order = (*z, *x, *y)
+    b_order = b[1] if b[1][len(b[1]) - len(y):] == tuple(y) else (*z, *r, *y)  # its rows may come in any order
+    rest = a[1][len(z):]
+    a_fits = a[1][:len(z)] == tuple(z) and (rest[:len(x)] == tuple(x) or rest[len(r):] == tuple(x))
+    a_order = a[1] if a_fits else (*z, *x, *r)  # (z.., x.., r..) or (z.., r.., x..), r.. in any order
+    moved = tuple(name for name, now, want in (("T", t_subs, t_order), ("A", a[1], a_order), ("B", b[1], b_order))
+                  if now != want)
+    return Plan(a, b, t_order, a_order, b_order, moved)
+
+
 def rewrite(checked: CheckedDef, sizes: Mapping[str, int]) -> CheckedDef | None:
-    """The rewritten def at these sizes (``forms``), or None when the rewrite changes no statement."""
-    chosen = forms(checked, sizes)
+    """The rewritten def at these sizes (``plans``), or None when the rewrite changes no statement."""
+    chosen = plans(checked, sizes)
     if not chosen:
         return None
     taken = set(checked.tensors) | set(checked.sizes) | {i for s in checked.stmts for i in s.indices}
     lines: list[str] = []
     for s in checked.stmts:
-        m = match(s, checked)
-        if m is None:
+        pl = chosen.get(s.number)
+        if pl is None:
             lines.append(stmt(s.source))
             continue
-        z = "".join(f"{i}, " for i in m.batch)
-        a_read = f"{m.a}({z}{m.r}, {m.x})" if m.a_rx else f"{m.a}({z}{m.x}, {m.r})"
-        if chosen[s.number] == "B":
-            bt = _fresh(f"{m.b}_t", taken)
-            lines += [f"{bt}({z}{m.r}, {m.y}) = {m.b}({z}{m.y}, {m.r})",
-                      f"{s.tensor}({z}{m.x}, {m.y}) +=! {a_read} * {bt}({z}{m.r}, {m.y})"]
-            continue
-        if not m.a_rx:
-            at = _fresh(f"{m.a}_t", taken)
-            lines.append(f"{at}({z}{m.r}, {m.x}) = {a_read}")
-            a_read = f"{at}({z}{m.r}, {m.x})"
-        tt = _fresh(f"{s.tensor}_t", taken)
-        lines += [f"{tt}({z}{m.y}, {m.x}) +=! {m.b}({z}{m.y}, {m.r}) * {a_read}",
-                  f"{s.tensor}({z}{m.x}, {m.y}) = {tt}({z}{m.y}, {m.x})"]
+        reads = []
+        for role, (name, subs), order in (("A", pl.a, pl.a_order), ("B", pl.b, pl.b_order)):
+            if role in pl.moved:
+                moved = _fresh(f"{name}_t", taken)
+                lines.append(f"{moved}({', '.join(order)}) = {name}({', '.join(subs)})")
+                name = moved
+            reads.append(f"{name}({', '.join(order)})")
+        product = f" +=! {reads[0]} * {reads[1]}"
+        target = f"{s.tensor}({', '.join(s.lhs)})"
+        if "T" in pl.moved:
+            tt = _fresh(f"{s.tensor}_t", taken)
+            lines += [f"{tt}({', '.join(pl.t_order)})" + product, f"{target} = {tt}({', '.join(pl.t_order)})"]
+        else:
+            lines.append(target + product)
     head = definition(A.Def(checked.source.name, checked.source.params, checked.source.outputs, ()))
     text = head.rstrip("}").rstrip() + "\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
     module = parse(text, f"<{checked.name}, operands laid out for the C backend>")
@@ -108,30 +150,30 @@ def rewrite(checked: CheckedDef, sizes: Mapping[str, int]) -> CheckedDef | None:
 
 
 def match(s: Statement, checked: CheckedDef) -> Contraction | None:
-    """The contraction ``s`` is, where its ``B`` is laid out ``(z.., y, r)`` (else None: a product
-    already register-tiled as written, or not a product of two reads over one reduction index)."""
-    if s.op != "+" or not s.init or len(s.lhs) < 2 or len(s.reductions) != 1 or s.source.wheres:
+    """``s`` as a contraction the rewrite may lay out: ``T(..) +=! P(..) * Q(..)`` over float
+    tensors, every subscript a plain index, no index twice in one subscript list, none of an
+    operand's indices in neither the output nor the other operand, each operand with an output
+    index of its own (else None)."""
+    if s.op != "+" or not s.init or not s.reductions or s.source.wheres:
         return None
     if not (isinstance(s.rhs, Binop) and s.rhs.op == "*" and isinstance(s.rhs.lhs, Read)
             and isinstance(s.rhs.rhs, Read)):
         return None
-    if not checked.tensors[s.tensor].dtype.startswith("float"):
+    if not checked.tensors[s.tensor].dtype.startswith("float") or len(set(s.lhs)) != len(s.lhs):
         return None
-    *batch, x, y = s.lhs
-    (r,) = s.reductions
-    if x == y or len({*s.lhs, r}) != len(s.lhs) + 1:
-        return None
-    tails: dict[frozenset[str], tuple[str, tuple[str, ...]]] = {}
+    operands = []
     for read in (s.rhs.lhs, s.rhs.rhs):
         names = tuple(n for n in map(_index, read.subs) if n is not None)
-        if read.conditional or read.tensor == s.tensor or len(names) != len(read.subs) or \
-                len(names) != len(s.lhs) or names[:-2] != tuple(batch):
+        if read.conditional or read.tensor == s.tensor or len(names) != len(read.subs) or len(set(names)) != len(names):
             return None
-        tails[frozenset(names[-2:])] = (read.tensor, names[-2:])
-    a, b = tails.get(frozenset((x, r))), tails.get(frozenset((y, r)))
-    if a is None or b is None or b[1] != (y, r):
+        operands.append((read.tensor, names))
+    (_, p), (_, q) = operands
+    out = set(s.lhs)
+    if set(p) - out - set(q) or set(q) - out - set(p) or set(s.reductions) != (set(p) | set(q)) - out:
         return None
-    return Contraction(a[0], b[0], tuple(batch), x, y, r, a[1] == (r, x))
+    if not (set(p) & out) - set(q) or not (set(q) & out) - set(p) or out - set(p) - set(q):
+        return None
+    return Contraction((s.tensor, tuple(s.lhs)), operands[0], operands[1], tuple(s.reductions))
 
 
 def _index(sub: object) -> str | None:

@@ -7,6 +7,7 @@ and the OpenMP marks. Every test that compiles is marked ``cpu`` (skipped withou
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 import stat
@@ -1119,16 +1120,18 @@ def test_layout_leaves_other_statements_alone():
                      terms=3)
 
 
-@pytest.mark.parametrize("m, n, k, form", [(1024, 1024, 1024, "B"), (960, 1088, 1000, "B"), (128, 1024, 1024, "A"),
-                                           (512, 256, 2048, "B"), (96, 900, 500, "A"), (1, 1, 1, "B")])
-def test_layout_transposes_the_operand_that_moves_fewer_elements(m: int, n: int, k: int, form: str):
+@pytest.mark.parametrize("m, n, k, moved", [(1024, 1024, 1024, "B"), (960, 1088, 1000, "B"), (128, 1024, 1024, "AT"),
+                                            (512, 256, 2048, "B"), (96, 900, 500, "AT"), (1, 1, 1, "B")])
+def test_layout_transposes_the_operand_that_moves_fewer_elements(m: int, n: int, k: int, moved: str):
     """``T(x, y) +=! A(x, r) * B(y, r)``: B is transposed where it has fewer elements than A and T
     together (a square product), else A and T (a layer's batch against its weights)."""
-    from tcdsl.layout import forms
+    from tcdsl.layout import plans
 
     kern = tc.define("def f(float(M,K) A, float(N,K) B) -> (T) { T(m, n) +=! A(m, r) * B(n, r) }")
-    assert forms(kern.checked, {"M": m, "N": n, "K": k}) == {1: form}
-    assert (n * k < m * k + m * n) == (form == "B")
+    (number, plan), = plans(kern.checked, {"M": m, "N": n, "K": k}).items()
+    tensors = {"T": "T", "A": plan.a[0], "B": plan.b[0]}
+    assert number == 1 and "".join(sorted(tensors[x] for x in plan.moved)) == moved
+    assert (n * k < m * k + m * n) == (moved == "B")
 
 
 # the contractions whose operand along the output's contiguous index runs along the reduction:
@@ -1160,6 +1163,44 @@ def test_transposed_and_batched_products_are_laid_out_and_match_numpy(case: int)
     for _ in range(2):
         assert_sum_close(k(*args), ref, *args, terms=terms)
     assert_sum_close(k(*args, options=MappingOptions(layout=False)), ref, *args, terms=terms)
+
+
+def _einsum_def(spec: str) -> str:
+    """``"zmr,zrn->mzn"`` as a def: one letter a dimension, reduction indices ``r_`` something."""
+    ab, out = spec.split("->")
+    a, b = ab.split(",")
+    red = set(a + b) - set(out)
+    name = {ch: f"r_{ch}" if ch in red else ch for ch in a + b}
+
+    def dims(t: str) -> str:
+        return ",".join(ch.upper() for ch in t)
+
+    def subs(t: str) -> str:
+        return ", ".join(name[ch] for ch in t)
+
+    return f"def f(float({dims(a)}) A, float({dims(b)}) B) -> (C) {{ C({subs(out)}) +=! A({subs(a)}) * B({subs(b)}) }}"
+
+
+EINSUM_SIZES = {"m": 13, "n": 21, "r": 17, "z": 3, "s": 4}
+EINSUMS = ([f"{a},{b}->mn" for a in ("mr", "rm") for b in ("rn", "nr")]
+           + [f"{a},{b}->{o}" for a in ("zmr", "mzr", "zrm", "mrz") for b in ("zrn", "znr", "rzn", "rnz")
+              for o in ("zmn", "mzn", "mnz")]
+           + ["mrs,rsn->mn", "mrs,nrs->mn", "rms,srn->mn", "smr,snr->mn"])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("spec", EINSUMS)
+def test_every_index_order_of_a_contraction_is_register_tiled_and_matches_numpy(spec: str):
+    """A product of two operands in any index order (batch indices anywhere, one or two reduction
+    indices) is laid out as a (batched) matrix product (tcdsl.layout): its product statement gets a
+    register tile, and the sums match numpy's."""
+    k = tc.define(_einsum_def(spec))
+    ab, _ = spec.split("->")
+    args = [f32(tuple(EINSUM_SIZES[ch] for ch in t), seed) for seed, t in enumerate(ab.split(","))]
+    terms = math.prod(EINSUM_SIZES[ch] for ch in set(ab) - set(spec.split("->")[1]) - {","})
+    opts = MappingOptions(layout=True)
+    assert "register tile" in str(k.lowered(*args, options=opts).passes[-1][1])
+    assert_sum_close(k(*args, options=opts), lambda A, B: np.einsum(spec, A, B), *args, terms=terms)
 
 
 # ---- small windows reduced into contiguous outputs -------------------------------------------------------
