@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import re
 import shutil
 import sys
@@ -59,6 +58,9 @@ BACKENDS = ("c", "numpy", "opencl", "cuda")
 # buffers and the general call path cost more than the register tiles gain (an 8x8x8 fully
 # connected layer's forward: 19 -> 6 us a call)
 LAYOUT_MIN_WORK = 1 << 15
+# nor do contractions whose laid-out output rows (the vectors of its register tiles) would be
+# shorter than this: their reductions, vectorised as written, do better than mostly masked vectors
+LAYOUT_MIN_ROW = 16
 _UNSEEN = object()
 
 
@@ -145,7 +147,7 @@ class Kernel:
         self.options = options or MappingOptions()
         self._plain_options = self.options if self.options == MappingOptions() else None  # _tuned_for's fast path
         self._cache: dict[tuple, Instance] = {}
-        self._laid_out: dict[tuple, Instance] = {}  # instances of the def rewritten by tcdsl.layout
+        self._laid_out: dict[tuple, Instance | None] = {}  # instances of the def rewritten by tcdsl.layout (None: none)
         self._compiled: dict[tuple, CKernel] = {}
         self._by_layout: dict[tuple, CKernel] = {}  # (argument shapes, dtypes and byte strides, options, target)
         self._hot: dict[tuple, tuple[CKernel, MappingOptions, str | None, tuple[object, ...]]] = {}  # see _hot_kernel
@@ -208,20 +210,20 @@ class Kernel:
     def _for_c(self, inst: Instance, options: MappingOptions) -> Instance:
         """The instance the C backend compiles: the def with its contractions' operands laid out
         (tcdsl.layout) as ``options.layout`` says (by default, unless the options fix tiles or loop
-        orders for the def as written)."""
+        orders for the def as written, for contractions of LAYOUT_MIN_WORK products or more whose
+        laid-out rows are LAYOUT_MIN_ROW long or more)."""
         fixed = options.tile is not None or options.register_tile is not None or options.point_order is not None
-        small = max((math.prod(bs.shape) for bs in inst.stmts if bs.stmt.reductions), default=0) < LAYOUT_MIN_WORK
-        if not self._layout or options.layout is False or (options.layout is None and (fixed or small)):
+        if not self._layout or options.layout is False or (options.layout is None and fixed):
             return inst
-        key = tuple(sorted(inst.sizes.items()))
-        laid = self._laid_out.get(key)
-        if laid is None:
-            rewritten = layout.rewrite(self.checked, inst.sizes)
-            assert rewritten is not None  # self._layout: a statement has the form
-            laid = instantiate(rewritten, inst.sizes)
+        forced = options.layout is True
+        key = (tuple(sorted(inst.sizes.items())), forced)
+        if key not in self._laid_out:
+            least = (0, 0) if forced else (LAYOUT_MIN_WORK, LAYOUT_MIN_ROW)
+            rewritten = layout.rewrite(self.checked, inst.sizes, *least)
             with self._lock:
-                self._laid_out[key] = laid
-        return laid
+                self._laid_out[key] = None if rewritten is None else instantiate(rewritten, inst.sizes)
+        laid = self._laid_out[key]
+        return inst if laid is None else laid
 
     def _compiled_for(self, inst: Instance, arrays: list[np.ndarray], options: MappingOptions) -> CKernel:
         target = cpu_target()

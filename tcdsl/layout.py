@@ -75,9 +75,11 @@ def applies(checked: CheckedDef) -> bool:
     return any(c is not None and all(pl.moved for pl in _options(c)) for c in found)
 
 
-def plans(checked: CheckedDef, sizes: Mapping[str, int]) -> dict[int, Plan]:
+def plans(checked: CheckedDef, sizes: Mapping[str, int], min_products: int = 0, min_row: int = 0) -> dict[int, Plan]:
     """For each contraction not in the register-tiled form (by statement number), the layout it
-    takes at these sizes: of the two role assignments, the one moving fewer elements."""
+    takes at these sizes: of the two role assignments, the one moving fewer elements. Statements
+    of fewer than ``min_products`` products keep their form, and so do role assignments whose
+    output rows (the product of the ``y`` extents) are shorter than ``min_row``."""
     def elements(name: str) -> int:
         return math.prod(max(int(d.eval(sizes)), 0) for d in checked.tensors[name].dims)
 
@@ -86,7 +88,15 @@ def plans(checked: CheckedDef, sizes: Mapping[str, int]) -> dict[int, Plan]:
         c = match(s, checked)
         if c is None:
             continue
-        options = _options(c)
+        extent: dict[str, int] = {}
+        for name, subs in (c.t, c.p, c.q):
+            extent.update((i, max(int(d.eval(sizes)), 0)) for i, d in zip(subs, checked.tensors[name].dims))
+        if math.prod(extent.values()) < min_products:
+            continue
+        options = [pl for pl in _options(c) if math.prod(extent[i] for i in pl.t_order if i in pl.b[1]
+                                                         and i not in pl.a[1]) >= min_row]
+        if not options:
+            continue
         costs = [sum(elements({"T": c.t, "A": pl.a, "B": pl.b}[m][0]) for m in pl.moved) for pl in options]
         best = options[costs.index(min(costs))]
         if best.moved:
@@ -117,9 +127,10 @@ def _plan(c: Contraction, a: tuple[str, tuple[str, ...]], b: tuple[str, tuple[st
     return Plan(a, b, t_order, a_order, b_order, moved)
 
 
-def rewrite(checked: CheckedDef, sizes: Mapping[str, int]) -> CheckedDef | None:
+def rewrite(checked: CheckedDef, sizes: Mapping[str, int], min_products: int = 0,
+            min_row: int = 0) -> CheckedDef | None:
     """The rewritten def at these sizes (``plans``), or None when the rewrite changes no statement."""
-    chosen = plans(checked, sizes)
+    chosen = plans(checked, sizes, min_products, min_row)
     if not chosen:
         return None
     taken = set(checked.tensors) | set(checked.sizes) | {i for s in checked.stmts for i in s.indices}

@@ -1203,6 +1203,19 @@ def test_every_index_order_of_a_contraction_is_register_tiled_and_matches_numpy(
     assert_sum_close(k(*args, options=opts), lambda A, B: np.einsum(spec, A, B), *args, terms=terms)
 
 
+@pytest.mark.cpu
+@pytest.mark.parametrize("z, m, k, n", [(3, 70, 60, 50), (5, 13, 300, 40)])
+def test_a_batched_products_batch_steps_outside_its_cache_tiles(z: int, m: int, k: int, n: int):
+    """bmm's batch index, which every access moves along, is the outermost loop, one batch at a time
+    (its cache tiles hold one batch's panels), shared by the threads with the row tiles; numpy's sums."""
+    kern = tc.define("def bmm(float(Z,M,K) A, float(Z,K,N) B) -> (C) { C(z,m,n) +=! A(z,m,r_k) * B(z,r_k,n) }")
+    A, B = f32((z, m, k)), f32((z, k, n), 1)
+    first = str(kern.lowered(A, B).passes[-1][1]).split("\n")[0]
+    batch = rf"for \((c\d+) = 0; \(\1 <= {z - 1}\); \1 \+= 1\)  // parallel omp( collapse\(2\))?"
+    assert re.fullmatch(batch, first), first
+    assert_sum_close(kern(A, B), np.matmul, A, B, terms=k)
+
+
 # ---- small windows reduced into contiguous outputs -------------------------------------------------------
 
 POOL = """def pool(float(N,C,H,W) I) -> (O, A) {
