@@ -1,7 +1,8 @@
 """Layout: ``CheckedDef -> CheckedDef | None``, a def rewritten so that every contraction is laid
 out as a (batched) matrix product, the C backend's register-tiled form.
 
-A contraction ``T(..) +=! P(..) * Q(..)`` of two reads with plain index subscripts sorts its
+A contraction ``T(..) +=! P(..) * Q(..)`` of two reads with plain index subscripts (and any factors
+or divisors that read no tensor and no index: ``0.5 * P * Q``, ``P * Q / float(K)``) sorts its
 indices into four groups: batch indices ``z`` (in T, P and Q), ``x`` (in T and one operand, A),
 ``y`` (in T and the other, B) and reduction indices ``r`` (in A and B). The register tiles want
 
@@ -36,13 +37,13 @@ rewritten; the interpreter keeps the def as written.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from .core import ast as A
 from .core.affine import Sym, Var
-from .core.checked import Binop, CheckedDef, Read, Statement
-from .core.printer import definition, stmt
+from .core.checked import Binop, Call, CheckedDef, Convert, IndexVal, Read, Select, Statement, TExpr, Unop
+from .core.printer import definition, expr, stmt
 from .core.sema import check_def
 from .grammar import parse
 
@@ -140,14 +141,17 @@ def rewrite(checked: CheckedDef, sizes: Mapping[str, int], min_products: int = 0
         if pl is None:
             lines.append(stmt(s.source))
             continue
-        reads = []
-        for role, (name, subs), order in (("A", pl.a, pl.a_order), ("B", pl.b, pl.b_order)):
+        laid: dict[tuple[str, tuple[str, ...]], A.Expr] = {}
+        for role, operand, order in (("A", pl.a, pl.a_order), ("B", pl.b, pl.b_order)):
+            name, subs = operand
             if role in pl.moved:
-                moved = _fresh(f"{name}_t", taken)
-                lines.append(f"{moved}({', '.join(order)}) = {name}({', '.join(subs)})")
-                name = moved
-            reads.append(f"{name}({', '.join(order)})")
-        product = f" +=! {reads[0]} * {reads[1]}"
+                name = _fresh(f"{name}_t", taken)
+                lines.append(f"{name}({', '.join(order)}) = {operand[0]}({', '.join(subs)})")
+            laid[operand] = A.Apply(name, tuple(A.Name(i) for i in order))
+        c = match(s, checked)
+        assert c is not None
+        operands = iter([laid[c.p], laid[c.q]])  # in the order they are read
+        product = f" +=! {expr(_replace_reads(s.source.rhs, set(checked.tensors), operands))}"
         target = f"{s.tensor}({', '.join(s.lhs)})"
         if "T" in pl.moved:
             tt = _fresh(f"{s.tensor}_t", taken)
@@ -167,13 +171,14 @@ def match(s: Statement, checked: CheckedDef) -> Contraction | None:
     index of its own (else None)."""
     if s.op != "+" or not s.init or not s.reductions or s.source.wheres:
         return None
-    if not (isinstance(s.rhs, Binop) and s.rhs.op == "*" and isinstance(s.rhs.lhs, Read)
-            and isinstance(s.rhs.rhs, Read)):
+    factors = _factors(s.rhs)
+    reads = [f for f in factors or () if isinstance(f, Read)]
+    if factors is None or len(reads) != 2 or not all(_constant(f) for f in factors if not isinstance(f, Read)):
         return None
     if not checked.tensors[s.tensor].dtype.startswith("float") or len(set(s.lhs)) != len(s.lhs):
         return None
     operands = []
-    for read in (s.rhs.lhs, s.rhs.rhs):
+    for read in reads:
         names = tuple(n for n in map(_index, read.subs) if n is not None)
         if read.conditional or read.tensor == s.tensor or len(names) != len(read.subs) or len(set(names)) != len(names):
             return None
@@ -185,6 +190,39 @@ def match(s: Statement, checked: CheckedDef) -> Contraction | None:
     if not (set(p) & out) - set(q) or not (set(q) & out) - set(p) or out - set(p) - set(q):
         return None
     return Contraction((s.tensor, tuple(s.lhs)), operands[0], operands[1], tuple(s.reductions))
+
+
+def _factors(e: TExpr) -> list[TExpr] | None:
+    """The factors of a product, left to right (``x / c`` contributes ``x``'s and ``c``), or None
+    where a factor divides a read."""
+    if isinstance(e, Binop) and e.op in ("*", "/"):
+        lhs, rhs = _factors(e.lhs), [e.rhs] if e.op == "/" else _factors(e.rhs)
+        if lhs is None or rhs is None or (e.op == "/" and not _constant(e.rhs)):
+            return None
+        return lhs + rhs
+    return [e]
+
+
+def _constant(e: TExpr) -> bool:
+    """Whether ``e`` reads no tensor and no index (a constant, a size, arithmetic on them)."""
+    if isinstance(e, (Read, IndexVal)):
+        return False
+    if isinstance(e, (Unop, Convert)):
+        return _constant(e.arg)
+    if isinstance(e, Binop):
+        return _constant(e.lhs) and _constant(e.rhs)
+    if isinstance(e, Select):
+        return _constant(e.cond) and _constant(e.then) and _constant(e.other)
+    if isinstance(e, Call):
+        return all(_constant(a) for a in e.args)
+    return True
+
+
+def _replace_reads(e: A.Expr, tensors: set[str], new: Iterator[A.Expr]) -> A.Expr:
+    """``e`` with its tensor reads replaced by ``new``'s expressions, in the order they are read."""
+    if isinstance(e, A.Apply) and e.name in tensors:
+        return next(new)
+    return A.map_children(e, lambda x: _replace_reads(x, tensors, new))
 
 
 def _index(sub: object) -> str | None:

@@ -1107,7 +1107,10 @@ def test_layout_leaves_other_statements_alone():
 
     sizes = {"N": 4, "K": 3, "M": 5}
     for src in (MATMUL, "def f(float(N,K) A) -> (S) { S(i, j) +=! A(i, r) * A(j, r) where r in 0:2 }",
-                "def f(int32(N,K) A, int32(M,K) B) -> (S) { S(i, j) +=! A(i, r) * B(j, r) }"):
+                "def f(int32(N,K) A, int32(M,K) B) -> (S) { S(i, j) +=! A(i, r) * B(j, r) }",
+                "def f(float(N,K) A, float(M,K) B) -> (S) { S(i, j) +=! A(i, r) / B(j, r) }",
+                "def f(float(N,K) A, float(M,K) B) -> (S) { S(i, j) +=! A(i, r) * B(j, r) * i }",
+                "def f(float(N,K) A, float(M,K) B) -> (S) { S(i, j) +=! A(i, r) * B(j, r) / A(i, 0) }"):
         assert not applies(tc.define(src).checked) and rewrite(tc.define(src).checked, sizes) is None, src
     # a name the rewrite would take is already used: it picks another
     k = tc.define("def f(float(N,K) A, float(M,K) B, float(K,N) A_t, float(K,M) B_t) -> (S) "
@@ -1148,14 +1151,20 @@ TRANSPOSED_PRODUCTS = [
     ("def f(float(Z,K,M) A, float(Z,N,K) B) -> (C) { C(z, m, n) +=! A(z, r, m) * B(z, n, r) }",
      [(2, 33, 41), (2, 47, 33)], lambda A, B: A.transpose(0, 2, 1) @ B.transpose(0, 2, 1), {"B_t"}, 33),
     ("def f(float(N,K) A) -> (C) { C(i, j) +=! A(i, r) * A(j, r) }", [(40, 90)], lambda A: A @ A.T, {"A_t"}, 90),
+    # constant factors and divisors beside the two reads
+    ("def f(float(M,K) A, float(N,K) B) -> (C) { C(m, n) +=! 0.5 * A(m, r) * B(n, r) }",
+     [(40, 30), (50, 30)], lambda A, B: 0.5 * A @ B.T, {"B_t"}, 30),
+    ("def f(float(K,M) A, float(N,K) B) -> (C) { C(m, n) +=! A(r, m) * (B(n, r) * 2.0) / float(K) }",
+     [(70, 40), (90, 70)], lambda A, B: A.T @ B.T * 2.0 / 70, {"C_t"}, 70),
 ]
 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("case", range(len(TRANSPOSED_PRODUCTS)))
 def test_transposed_and_batched_products_are_laid_out_and_match_numpy(case: int):
-    """``Aᵀ Bᵀ``, batched ``A Bᵀ`` (attention's ``Q Kᵀ``) and ``A Aᵀ`` take the register-tiled form
-    through a transpose of one operand or of the result; the same sums as numpy, as written too."""
+    """``Aᵀ Bᵀ``, batched ``A Bᵀ`` (attention's ``Q Kᵀ``), ``A Aᵀ`` and products with constant factors
+    take the register-tiled form through a transpose of one operand or of the result; the same sums
+    as numpy, as written too."""
     src, shapes, ref, laid, terms = TRANSPOSED_PRODUCTS[case]
     k = tc.define(src)
     args = [f32(s, seed) for seed, s in enumerate(shapes)]
