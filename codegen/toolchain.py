@@ -21,7 +21,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tcdsl.core import knobs
@@ -136,13 +136,18 @@ def cpu_target(cc: tuple[str, ...]) -> str:
 
 def target() -> CpuTarget:
     """The CPU target kernels compile for: the machine's own (what ``cc -march=native`` turns on),
-    or the narrower one ``$TCDSL_CPU`` names."""
-    return _named_target(knobs.cpu(), tuple(compiler()))
+    or the narrower one ``$TCDSL_CPU`` names, with the caches ``$TCDSL_CPU_CACHES`` gives."""
+    return _named_target(knobs.cpu(), tuple(compiler()), tuple(sorted(knobs.cpu_caches().items())))
 
 
 @functools.cache
-def _named_target(name: str, cc: tuple[str, ...]) -> CpuTarget:
-    return cputarget.named(name, native_target(cc))
+def _named_target(name: str, cc: tuple[str, ...], caches: tuple[tuple[str, int], ...] = ()) -> CpuTarget:
+    """``name``'s target on this machine, with the cache sizes ``caches`` (``$TCDSL_CPU_CACHES``) replaced."""
+    sizes = dict(caches)
+    native = native_target(cc)
+    mine = replace(native, l1d=sizes.get("l1d", native.l1d), l2=sizes.get("l2", native.l2),
+                   l3=sizes.get("l3", native.l3))
+    return cputarget.named(name, mine)
 
 
 @functools.cache

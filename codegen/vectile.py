@@ -508,8 +508,9 @@ def vexpr(em: _Emitter, e: TExpr, env: dict[str, str], s: Statement, row: str,
         a, b, then, other = (vexpr(em, x, env, s, row, loads, lane, half)
                              for x in (e.cond.lhs, e.cond.rhs, e.then, e.other))
         return f"{v}_select(({v}i)({a} {e.cond.op} {b}), {then}, {other})"
-    if isinstance(e, (Convert, Select)) or isinstance(e, Call) and e.fn not in LOOP_CALLS:  # vector_expr's uniform()
-        return f"{h}_set1({em._expr(e, env, s)})"
+    if isinstance(e, (Convert, Select)) or isinstance(e, Call) and (
+            e.fn not in LOOP_CALLS or e.dtype != "float32" or uniform(em, e, s, row, True)):
+        return f"{h}_set1({em._expr(e, env, s)})"  # vector_expr's uniform(): once in scalar code, broadcast
     if isinstance(e, Call):
         arg = vexpr(em, e.args[0], env, s, row, loads, lane)
         if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))

@@ -38,17 +38,35 @@ def cpu() -> str:
     return os.environ.get("TCDSL_CPU", "native")
 
 
+_SIZE = re.compile(r"\s*(l1d|l2|l3)\s*=\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", re.I)
+
+
+def cpu_caches() -> dict[str, int]:
+    """TCDSL_CPU_CACHES: cache sizes that replace what the machine reports (``l1d=32K,l2=1M,l3=32M``;
+    any of the three): for a virtual machine whose reported caches are not its CPU's, or to build
+    for another machine's. Tiling and packing decisions read them."""
+    text = os.environ.get("TCDSL_CPU_CACHES", "").strip()
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = _SIZE.fullmatch(part)
+        if m is None or int(m[2]) == 0:
+            raise TcArgumentError(f"TCDSL_CPU_CACHES={text!r}: {part!r} is not a cache size such as l2=1M "
+                                  f"(l1d, l2 or l3 = a positive number of bytes, K, M or G)")
+        out[m[1].lower()] = int(m[2]) << {"": 0, "K": 10, "M": 20, "G": 30}[m[3].upper()]
+    return out
+
+
 # os.environ's own mapping of encoded names to encoded values (CPython, POSIX): read directly, a
 # lookup costs a twentieth of os.environ.get's, which encodes the name and decodes the value
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
 def call_env() -> tuple[object, ...]:
-    """What a call's CPU target and C compiler are read from (TCDSL_CPU, CC), as raw values to
+    """What a call's CPU target and C compiler are read from (TCDSL_CPU, CC, TCDSL_CPU_CACHES), as raw values to
     compare with a previous call's (a repeated call checks them before it reuses its kernel)."""
     if isinstance(_ENV_DATA, dict):
-        return _ENV_DATA.get(b"TCDSL_CPU"), _ENV_DATA.get(b"CC")
-    return os.environ.get("TCDSL_CPU"), os.environ.get("CC")
+        return _ENV_DATA.get(b"TCDSL_CPU"), _ENV_DATA.get(b"CC"), _ENV_DATA.get(b"TCDSL_CPU_CACHES")
+    return os.environ.get("TCDSL_CPU"), os.environ.get("CC"), os.environ.get("TCDSL_CPU_CACHES")
 
 
 def cache_dir() -> Path:

@@ -16,6 +16,9 @@ from hypothesis import settings
 
 # every schedule transformation is checked against the dependences in tests (see core/knobs.py)
 os.environ.setdefault("TCDSL_CHECK_SCHEDULE", "1")
+# tiling and packing decisions that tests check read the cache sizes: every machine's tests see one
+# machine's (a Zen 4 core's L1d and L2, a CCD's L3); the vector ISA stays this machine's own
+os.environ.setdefault("TCDSL_CPU_CACHES", "l1d=32K,l2=1M,l3=32M")
 # kernels called in tests run their default options: a tuning cache of the user's is never read
 os.environ["TCDSL_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="tcdsl-tests-"), "tuning.sqlite")
 

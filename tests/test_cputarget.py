@@ -55,6 +55,25 @@ def test_detection(features: set[str], arch: str, isa: str, lanes32: int, regs: 
     assert isa in str(t) and t.key.startswith(isa)
 
 
+def test_cache_sizes_from_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$TCDSL_CPU_CACHES`` replaces the caches the machine reports (any of the three, K/M/G or
+    bytes), whatever ``$TCDSL_CPU`` names; the target's key, and so the kernel cache, follow it;
+    a malformed value is refused naming the knob."""
+    monkeypatch.setenv("TCDSL_CPU_CACHES", "l2=3M, L3=12MiB")
+    t = toolchain.target()
+    assert (t.l2, t.l3) == (3 << 20, 12 << 20) and "l2" + str(3 << 20) in t.key
+    monkeypatch.setenv("TCDSL_CPU_CACHES", "l1d=49152")
+    t2 = toolchain.target()
+    assert t2.l1d == 48 * 1024 and t2.key != t.key and t2.isa == t.isa
+    if runnable_of("avx2"):
+        monkeypatch.setenv("TCDSL_CPU", "avx2")
+        assert toolchain.target().l1d == 48 * 1024
+    for bad in ("l4=1M", "l2=0", "l2", "l2=1T"):
+        monkeypatch.setenv("TCDSL_CPU_CACHES", bad)
+        with pytest.raises(TcArgumentError, match="TCDSL_CPU_CACHES"):
+            toolchain.target()
+
+
 def test_presets_narrow_only() -> None:
     native = cputarget.from_features({"-mavx512f"}, "x86_64")
     avx2 = cputarget.named("avx2", native)

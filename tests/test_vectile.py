@@ -305,18 +305,43 @@ SCALE = """def scale(float(N,D) X, float(N) M, float(N) S) -> (Y) {
 }"""
 
 
+UNIFORM_CALLS = """def uc({t}(N,D) X, {t}(N) S) -> (Y) {{
+    Y(n,d) = X(n,d) - log(S(n)) + tanh(S(n)) * exp(-S(n)) + sigmoid(S(n)) * X(n,d)
+}}"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("D", [3, 5, 9, 17, 40])
+def test_calls_of_values_fixed_along_the_row_are_broadcast(target: cputarget.CpuTarget, dtype: str, D: int) -> None:
+    """``log(S(n))`` along ``d`` (log_softmax's) is computed once in scalar code and broadcast,
+    whichever the type (float64 has no vector log) and whether rows hold whole vectors or not:
+    numpy's values."""
+    rng = np.random.default_rng(D)
+    X = (rng.random((6, D)) * 2 - 1).astype(dtype)
+    S = (rng.random(6) + 0.5).astype(dtype)
+    k = tc.define(UNIFORM_CALLS.format(t=dtype))
+    X64, S64 = X.astype(np.float64)[:, :], S.astype(np.float64)[:, None]
+    want = X64 - np.log(S64) + np.tanh(S64) * np.exp(-S64) + X64 / (1 + np.exp(-S64))
+    eps = float(np.finfo(dtype).eps)
+    np.testing.assert_allclose(k(X, S), want, rtol=0, atol=16 * eps * (1 + np.abs(want)).max())
+
+
 @pytest.mark.parametrize("D", [1024, 1000])
 def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D: int) -> None:
-    """softmax's exp and division loops in explicit vectors (exp inlined): the auto-vectorised
+    """softmax's exp and division loops in explicit vectors (exp inlined on AVX-512, libmvec's
+    elsewhere): the auto-vectorised
     loops' values (-DTC_VEC=0; the bits where the row sum is not in vector accumulators, whose
     order of addition differs), close to numpy, with rows of whole vectors or not."""
     X = (np.random.default_rng(2).random((16, D), dtype=np.float32) - 0.5) * 20
     k = tc.define(SOFTMAX)
     src = k.source(X)
     assert "(tc_vf_load(&r" in src and " / " in src, src  # e / s, e in a row buffer
-    if D == 1024:  # 4 tiles of 256: exp and sum in loops of their own
+    t = toolchain.target()
+    if t.isa != "avx512" and toolchain.has_vector_math():  # libmvec's expf in a simd loop (vectile.libmvec_exp)
+        assert "TC_EXPF((" in src, src
+    elif D == 1024:  # 4 tiles of 256: exp and sum in loops of their own (D = 1000: exp fused with the sum)
         assert "tc_vf_exp((" in src, src
-    else:  # exp fused with the sum (not a simd loop); the division's rows end in an overlapping vector
+    if D % t.lanes("float32"):  # the division's rows end in an overlapping vector
         assert "overlapping the vector before" in src, src
     got = k(X)
     scalar = _built_with(monkeypatch, tmp_path, "-DTC_VEC=0", SOFTMAX, [X])
