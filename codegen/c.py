@@ -1103,15 +1103,15 @@ class _Emitter(Facts):
             return b.c_int.format(*a)
         template = b.spelling(self.TARGET, t)
         self.mathlib.update((m, t) for m in _LIBRARY_CALL.findall(template))
+        if t == "float32":  # float32 exp has a vector variant (vector_exp); the template, not the
+            template = _EXPF.sub("TC_EXPF(", template)  # call, as the arguments are long when nested
         call = template.format(*a, f="f" if t in ("float32", "float16") else "", one=_literal(1.0, CTYPE[t]),
                                zero=_literal(0.0, CTYPE[t]))
-        if t == "float32":
-            call = _EXPF.sub("TC_EXPF(", call)  # float32 exp has a vector variant (vector_exp)
         return f"(({CTYPE[t]}){call})" if t == "float16" else call
 
 
 _LIBRARY_CALL = re.compile(r"\b(tc_\w+)\{f\}")
-_EXPF = re.compile(r"\bexpf\(")
+_EXPF = re.compile(r"\bexp\{f\}\(")
 
 
 def _is_product(e: TExpr) -> bool:

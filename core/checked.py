@@ -8,6 +8,7 @@ range of each index and the accesses that bound its domain. ``str(checked)`` is 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -124,7 +125,13 @@ def operands(e: TExpr) -> tuple[TExpr, ...]:
 
 
 def reads(e: TExpr) -> list[Read]:
-    """Every tensor read in ``e``, gathers' inner reads included, in evaluation order."""
+    """Every tensor read in ``e``, gathers' inner reads included, in evaluation order. Passes ask
+    again for the same statement once per read they look at, so the reads of the last few large
+    expressions are kept (expressions are immutable; an entry holds its expression, so its id
+    is not reused while kept)."""
+    kept = _KEPT_READS.get(id(e))
+    if kept is not None and kept[0] is e:
+        return list(kept[1])
     out: list[Read] = []
 
     def walk(x: TExpr) -> None:
@@ -137,7 +144,17 @@ def reads(e: TExpr) -> list[Read]:
             walk(o)
 
     walk(e)
+    if len(out) >= _KEEP_FROM:
+        with _KEPT_LOCK:
+            if len(_KEPT_READS) >= _KEEP:
+                _KEPT_READS.pop(next(iter(_KEPT_READS)))
+            _KEPT_READS[id(e)] = (e, tuple(out))
     return out
+
+
+_KEEP, _KEEP_FROM = 32, 64  # expressions kept; reads an expression needs to be kept
+_KEPT_READS: dict[int, tuple[TExpr, tuple[Read, ...]]] = {}
+_KEPT_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,24 @@ def test_short_chains_keep_their_order_long_ones_are_balanced() -> None:
     assert len(long.stmts[0].accesses) == 1  # one access however often it is read
 
 
+def test_reads_of_a_large_expression_are_kept_by_identity(monkeypatch) -> None:
+    # passes ask for a statement's reads once per read they look at: kept, they are walked once
+    src = "def f(float(N) A, float(N) B) -> (O) { O(i) = " + " + ".join(["A(i) * B(i)"] * 200) + " }"
+    e = check_def(parse(src).defs[0]).stmts[0].rhs
+    first = C.reads(e)
+    assert [r.tensor for r in first] == ["A", "B"] * 200
+    first.clear()  # a caller's list is its own
+    walked = []
+    monkeypatch.setattr(C, "operands", lambda x: walked.append(x) or ())
+    again = C.reads(e)
+    assert walked == []  # not walked again
+    monkeypatch.undo()
+    assert len(again) == 400 and again is not first
+    assert all(x is y for x, y in zip(again, C.reads(e)))  # the same nodes, not copies
+    other = check_def(parse(src.replace("B(i)", "A(i)")).defs[0]).stmts[0].rhs
+    assert [r.tensor for r in C.reads(other)] == ["A"] * 400  # another expression is walked afresh
+
+
 def chain_def(n: int, seed: int = 7) -> tuple[tc.Kernel, np.ndarray, np.ndarray]:
     """A def of ``n`` binary operators, + and - in a random pattern over A(i), B(i) and the scalars
     s and t; returns the kernel, each term's operand (0: A, 1: B, 2: s, 3: t) and its sign."""
