@@ -197,6 +197,7 @@ class CKernel:
                 self._temp_makers.append((position[t.name], functools.partial(make, max(size, 1), dtype=t.dtype)))
         self._plain = self._nonempty
         self._errors = threading.local()  # run_at's error record, one per calling thread, reused
+        self._run_plain = self._plain_runner()
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
@@ -267,6 +268,38 @@ class CKernel:
         if code:
             raise self._error(int(err[0]), int(err[1]))
         return made
+
+    def run_plain(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``run(inputs)``: a repeated call's path, built once for the common kernel (one output,
+        no temporaries' buffers, no empty tensor) and otherwise ``run``'s own."""
+        return self._run_plain(inputs)
+
+    def _plain_runner(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        if not (self._plain and len(self._makers) == 1 and self._makers[0][0] is not None and not self._temp_makers):
+            return self.run
+        fn, size, errors, error = self.fn, self._params + 1, self._errors, self._error
+        places: list[tuple[int, int]] = [(k, at) for k, (at, _) in enumerate(self._inputs) if at is not None]
+        ((put, make),) = self._makers
+        assert put is not None
+
+        def run(inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+            addresses = [0] * size
+            for k, at in places:
+                addresses[at] = _address(inputs[k])
+            o = make()
+            addresses[put] = _address(o)
+            try:
+                err, addresses[-1] = errors.record
+            except AttributeError:  # this thread's first call
+                err = np.zeros(2, dtype=np.int64)
+                errors.record = (err, _addressof(_char_at(err)))
+                addresses[-1] = errors.record[1]
+            if fn(*addresses):
+                code, value = int(err[0]), int(err[1])
+                err[:] = 0  # the record is this thread's next call's too
+                raise error(code, value)
+            return [o]
+        return run
 
     @property
     def plain(self) -> bool:

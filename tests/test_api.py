@@ -4,6 +4,7 @@ numbers against hand-written numpy or exact message fragments and locations."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -681,6 +682,26 @@ def test_repeated_call_errors_are_located() -> None:
         with pytest.raises(tc.TcRuntimeError, match="out of range") as e:
             k(X, bad)
         assert e.value.location is not None and e.value.location.line == 1
+
+
+def test_errors_surface_at_the_users_call_first_or_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed check raises from the user's call, without tcdsl's inner frames, on the first call
+    and on the repeated calls that go straight to the kernel; TCDSL_DEBUG=1 keeps the frames."""
+    import traceback
+
+    k = tc.define("def pick(float(N) X, int32(M) I) -> (Y) { Y(m) = X(I(m)) }", backend="c")
+    X, bad = np.arange(4, dtype=np.float32), np.array([0, 4], np.int32)
+
+    def frames() -> list[str]:
+        with pytest.raises(tc.TcRuntimeError, match="out of range") as e:
+            k(X, bad)
+        return [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
+
+    for _ in range(3):  # the first call compiles; the next ones are repeated calls
+        ours = [f for f in frames() if os.sep + "tcdsl" + os.sep in f]
+        assert len(ours) == 1 and ours[0].endswith("api.py")  # the call's own line, then the user's
+    monkeypatch.setenv("TCDSL_DEBUG", "1")
+    assert any(f.endswith(os.path.join("tcdsl", "compiler.py")) for f in frames())
 
 
 def test_each_failing_repeated_call_reports_its_own_value() -> None:
