@@ -441,6 +441,38 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     assert np.isnan(S[[2, 4]]).all() and np.isnan(Q[[2, 4]]).all() and not np.isnan(S[[0, 1, 3, 5]]).any()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("D", [30, 7])
+@pytest.mark.parametrize("name", TARGET_NAMES)
+def test_a_rows_last_elements_read_as_the_overlapping_vector(name: str, D: int, dtype: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where whole vectors come before a row's last elements and masked loads are slow (every target
+    but AVX-512), the sums read those elements as the overlapping vector that ends the row, the lanes
+    it shares with the vector before zeroed: each element counts once (a huge value there is not
+    added twice, an infinity gives inf and not NaN), the identity fills the shared lanes of a product,
+    max and min. AVX-512 and rows shorter than a vector load the last elements masked."""
+    monkeypatch.setenv("TCDSL_CPU", name)
+    lanes = toolchain.target().lanes(dtype)
+    rng = np.random.default_rng(5)
+    X = (rng.random((64, D)) - 0.5).astype(dtype)
+    Y = (1 + (rng.random((64, D)) - 0.5) * 0.01).astype(dtype)
+    shared = max(D - lanes, 0)  # a lane both the last whole vector and the overlapping one load
+    X[1, shared], X[2, shared], Y[3, shared] = 1e6, np.inf, 3.0
+    k = tc.define(ROWS.replace("float(", f"{dtype}("))
+    text = _kernel_text(k.source(X, Y))
+    top = name != "avx512" and D >= lanes and D % lanes != 0
+    assert ("_load_top(" in text) == top and ("_load_n(" in text) == (D % lanes != 0 and not top), text
+    S, P, MX, MN, Q = k(X, Y)
+    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        assert_close(S, X64.sum(1), terms=D, scale=np.abs(X64).sum(1), dtype=dtype)
+        assert_close(Q, (X64 * Y64).sum(1), terms=D, scale=np.abs(X64 * Y64).sum(1), dtype=dtype)
+        assert_close(P, Y64.prod(1), terms=D, scale=Y64.prod(1), dtype=dtype)
+    assert S[2] == np.inf and Q[2] == np.inf and MX[2] == np.inf
+    np.testing.assert_array_equal(MX, X.max(1))
+    np.testing.assert_array_equal(MN, X.min(1))
+
+
 UNIFORM = """def norm(float(N,D) X, float(N) V, float(D) G) -> (M, Y, Q) {
     M(n) +=! X(n,r_d) / D
     Y(n,d) = X(n,d) * rsqrt(V(n) + 1.0) * (V(n) > 0.5 ? 2.0 : 1.0) * G(d)
