@@ -474,6 +474,10 @@ class Kernel:
                 if hot is not None:
                     values = hot.run_plain(args)
                     return values[0] if len(values) == 1 else tuple(values)
+                if _TORCH_OPS is not None and _torch_args(args):  # tensors: torch_ops' repeated-call path
+                    fast = _TORCH_OPS.repeated(self, args)
+                    if fast is not None:
+                        return fast
             return self._call(*args, out=out, backend=backend, options=options)
         except TcError as e:
             if knobs.debug():
@@ -820,7 +824,7 @@ def _layout_key(arrays: Sequence[np.ndarray]) -> tuple:
 
 def _tensor_key(tensors: Sequence[Any]) -> tuple:
     """What ``_layout_key`` says of torch tensors' numpy views, read from the tensors."""
-    return tuple((a.shape, a.dtype, a.stride()) for a in tensors)
+    return tuple([(a.shape, a.dtype, a.stride()) for a in tensors])
 
 
 def _call_env() -> tuple[object, ...]:

@@ -306,6 +306,15 @@ def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, 
     return got  # type: ignore[no-any-return]
 
 
+def _run_cpu(e: _Entry, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``_run`` on CPU tensors, at their addresses where the same layout ran before."""
+    if e.backend is None and e.options is None:
+        hot = e.kernel._hot_tensor_kernel(args)
+        if hot is not None and hot.plain:
+            return [torch.from_numpy(r) for r in hot.run_at([a.data_ptr() for a in args])]
+    return _run(e, list(args))
+
+
 def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
     if any(a.is_cuda for a in args):
         return _run_cuda(e, args)
@@ -370,7 +379,7 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     """``kernel(*args)`` on torch tensors: tensors out, differentiable where an input requires grad
     (CUDA tensors run on the CUDA backend, forward and backward defs alike)."""
     if out is None and backend is None and options is None:
-        fast = _repeated(kernel, args)
+        fast = repeated(kernel, args)
         if fast is not None:
             return fast
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
@@ -400,10 +409,10 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     return res[0] if n == 1 else tuple(res)
 
 
-def _repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
+def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     """``call``'s result for plain CPU tensors of the def's dtypes in eager mode, with no checks
     left to make (None otherwise): a repeated call's path, a few microseconds of Python besides
-    the kernel's own."""
+    the kernel's own (``Kernel.__call__`` tries it first, once this module is loaded)."""
     if torch.compiler.is_compiling():
         return None
     dtypes = kernel.__dict__.get("_torch_dtypes")
@@ -424,7 +433,7 @@ def _repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
         return None  # (no functorch transform running: no wrapped tensor to look for)
     key = _forward_key(kernel, None, None, train)
     n = len(kernel.checked.outputs)
-    res = _EagerStep.apply(key, *args) if train else _run(_entry(key), list(args))
+    res = _EagerStep.apply(key, *args) if train else _run_cpu(_entry(key), args)
     return res[0] if n == 1 else tuple(res[:n])
 
 
