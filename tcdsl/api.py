@@ -443,10 +443,7 @@ class Kernel:
             if type(a) is not np.ndarray:
                 return None
             key.append((a.shape, a.dtype, a.strides))
-        hit = self._hot.get(tuple(key))
-        if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != knobs.call_env():
-            return None
-        return hit[0]
+        return self._hot_hit(tuple(key))
 
     def _hot_tensor_kernel(self, tensors: Sequence[Any]) -> CKernel | None:
         """``_hot_kernel`` for CPU torch tensors, by their shapes, dtypes and strides (no numpy view

@@ -291,13 +291,9 @@ class CKernel:
             try:
                 err, addresses[-1] = errors.record
             except AttributeError:  # this thread's first call
-                err = np.zeros(2, dtype=np.int64)
-                errors.record = (err, _addressof(_char_at(err)))
-                addresses[-1] = errors.record[1]
+                err, addresses[-1] = _error_record(errors)
             if fn(*addresses):
-                code, value = int(err[0]), int(err[1])
-                err[:] = 0  # the record is this thread's next call's too
-                raise error(code, value)
+                raise _failed(err, error)
             return [o]
         return run
 
@@ -326,13 +322,9 @@ class CKernel:
         try:
             err, addresses[-1] = self._errors.record
         except AttributeError:  # this thread's first call
-            err = np.zeros(2, dtype=np.int64)
-            self._errors.record = (err, _addressof(_char_at(err)))
-            addresses[-1] = self._errors.record[1]
+            err, addresses[-1] = _error_record(self._errors)
         if self.fn(*addresses):
-            code, value = int(err[0]), int(err[1])
-            err[:] = 0  # the record is this thread's next call's too: the kernel writes only into a clear one
-            raise self._error(code, value)
+            raise _failed(err, self._error)
         return made
 
     def _error(self, code: int, value: int) -> TcRuntimeError:
@@ -341,6 +333,21 @@ class CKernel:
 
 ALIGN = 64  # bytes: a cache line, and AVX-512's vector (streamed stores need their vector's alignment)
 ALIGN_FROM = 64 * 1024  # bytes: smaller outputs take numpy's own alignment (16 bytes), which costs no slicing
+
+
+def _error_record(errors: threading.local) -> tuple[np.ndarray, int]:
+    """This thread's error record for repeated calls, made on its first: the array and its address."""
+    err = np.zeros(2, dtype=np.int64)
+    errors.record = (err, _addressof(_char_at(err)))
+    return errors.record  # type: ignore[no-any-return]
+
+
+def _failed(err: np.ndarray, error: Callable[[int, int], TcRuntimeError]) -> TcRuntimeError:
+    """The error a failed repeated call raises, read from its thread's record, which is then
+    cleared: the record is the thread's next call's too, and the kernel writes only into a clear one."""
+    code, value = int(err[0]), int(err[1])
+    err[:] = 0
+    return error(code, value)
 
 
 def _output(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> np.ndarray:
