@@ -413,6 +413,21 @@ ROWS = """def rows(float(N,D) X, float(N,D) Y) -> (S, P, MX, MN, Q) {
 }"""
 
 
+def _check_rows(k: tc.Kernel, X: np.ndarray, Y: np.ndarray, dtype: str) -> tuple[np.ndarray, ...]:
+    """ROWS' results on X and Y, checked against numpy: sums close to float64 within the terms'
+    roundings, max and min exact (numpy's propagate NaN too)."""
+    S, P, MX, MN, Q = k(X, Y)
+    D = X.shape[1]
+    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        assert_close(S, X64.sum(1), terms=D, scale=np.abs(X64).sum(1), dtype=dtype)
+        assert_close(Q, (X64 * Y64).sum(1), terms=D, scale=np.abs(X64 * Y64).sum(1), dtype=dtype)
+        assert_close(P, Y64.prod(1), terms=D, scale=Y64.prod(1), dtype=dtype)
+    np.testing.assert_array_equal(MX, X.max(1))
+    np.testing.assert_array_equal(MN, X.min(1))
+    return S, P, MX, MN, Q
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("D", [1024, 203])
 def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputarget.CpuTarget) -> None:
@@ -430,14 +445,7 @@ def test_row_reductions_in_vector_accumulators(D: int, dtype: str, target: cputa
     rest = f" + {D % lanes} masked" if D % lanes else ""
     text = str(k.lowered(X, Y).lowered_ir)  # the IR the emitter prints, after every pass
     assert text.count(f"(simd; vector {parts} x {lanes} lanes{rest})") == 5, text
-    S, P, MX, MN, Q = k(X, Y)
-    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        assert_close(S, X64.sum(1), terms=D, scale=np.abs(X64).sum(1), dtype=dtype)
-        assert_close(Q, (X64 * Y64).sum(1), terms=D, scale=np.abs(X64 * Y64).sum(1), dtype=dtype)
-        assert_close(P, Y64.prod(1), terms=D, scale=Y64.prod(1), dtype=dtype)
-    np.testing.assert_array_equal(MX, X.max(1))  # numpy's max and min propagate NaN too
-    np.testing.assert_array_equal(MN, X.min(1))
+    S, P, MX, MN, Q = _check_rows(k, X, Y, dtype)
     assert np.isnan(S[[2, 4]]).all() and np.isnan(Q[[2, 4]]).all() and not np.isnan(S[[0, 1, 3, 5]]).any()
 
 
@@ -462,15 +470,8 @@ def test_a_rows_last_elements_read_as_the_overlapping_vector(name: str, D: int, 
     text = _kernel_text(k.source(X, Y))
     top = name != "avx512" and D >= lanes and D % lanes != 0
     assert ("_load_top(" in text) == top and ("_load_n(" in text) == (D % lanes != 0 and not top), text
-    S, P, MX, MN, Q = k(X, Y)
-    X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        assert_close(S, X64.sum(1), terms=D, scale=np.abs(X64).sum(1), dtype=dtype)
-        assert_close(Q, (X64 * Y64).sum(1), terms=D, scale=np.abs(X64 * Y64).sum(1), dtype=dtype)
-        assert_close(P, Y64.prod(1), terms=D, scale=Y64.prod(1), dtype=dtype)
+    S, P, MX, MN, Q = _check_rows(k, X, Y, dtype)
     assert S[2] == np.inf and Q[2] == np.inf and MX[2] == np.inf
-    np.testing.assert_array_equal(MX, X.max(1))
-    np.testing.assert_array_equal(MN, X.min(1))
 
 
 UNIFORM = """def norm(float(N,D) X, float(N) V, float(D) G) -> (M, Y, Q) {
