@@ -30,6 +30,7 @@ from tcdsl.core.checked import (
     TExpr,
     Unop,
     operands,
+    read_tuple,
     reads,
 )
 from tcdsl.core.instance import fully_written
@@ -785,14 +786,11 @@ class _Emitter(Facts):
     def _hoist(self, n: LFor) -> dict[int, str]:
         """The loads of the reads the hoist pass moved before loop ``n``; ``id(Read) -> local``."""
         out: dict[int, str] = {}
-        rhs_reads: dict[str, list[Read]] = {}  # once per statement: a long expression hoists many reads
         for name, k, pos in n.hoist:
             call = n.body[k]
             assert isinstance(call, LCall)
             st = self.scop.stmt(call.stmt)
-            if st.name not in rhs_reads:
-                rhs_reads[st.name] = reads(self.scop.tc_statement(st.name).rhs)
-            r = rhs_reads[st.name][pos]
+            r = read_tuple(self.scop.tc_statement(st.name).rhs)[pos]
             args = dict(zip(st.indices, call.args))
             names = set().union(*(x.indices() for x in r.subs if isinstance(x, Sym))) if r.subs else set()
             env = {i: f"({_top(self._lexpr(args[i]))})" for i in names}

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from tcdsl.core import dtypes as T
 from tcdsl.core.affine import Sym, Var
-from tcdsl.core.checked import Read, Statement, reads
+from tcdsl.core.checked import Statement, read_tuple, reads
 from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.loopir import (
     LAccum,
@@ -292,13 +292,10 @@ def _hoistable(n: LFor, f: Facts, count: list[int]) -> tuple[tuple[str, int, int
 def hoisted_reads(n: LFor, f: Facts) -> dict[int, str]:
     """``id(Read) -> local`` for the reads ``n`` hoists."""
     out = {}
-    rhs_reads: dict[object, list[Read]] = {}  # once per statement: a long expression hoists many reads
     for name, k, pos in n.hoist:
         call = n.body[k]
         assert isinstance(call, LCall)
-        if call.stmt not in rhs_reads:
-            rhs_reads[call.stmt] = reads(f.scop.tc_statement(call.stmt).rhs)
-        out[id(rhs_reads[call.stmt][pos])] = name
+        out[id(read_tuple(f.scop.tc_statement(call.stmt).rhs)[pos])] = name
     return out
 
 

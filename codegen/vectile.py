@@ -56,6 +56,7 @@ from tcdsl.core.checked import (
     TExpr,
     Unop,
     convert,
+    read_tuple,
     reads,
 )
 from tcdsl.polyhedral.loopir import (
@@ -447,7 +448,7 @@ def _in_range(e: Read, s: Statement) -> bool:
     """A read in a branch of ``?:`` (``conditional``: checked where the branch runs) at the
     subscripts of an unconditional read of the same tensor, which bounds the statement's domain:
     in range at every point, so a vector may load it whichever branch each lane takes."""
-    return any(not r.conditional and r.tensor == e.tensor and r.subs == e.subs for r in reads(s.rhs))
+    return any(not r.conditional and r.tensor == e.tensor and r.subs == e.subs for r in read_tuple(s.rhs))
 
 
 def fixed_value(e: TExpr) -> bool:

@@ -125,13 +125,17 @@ def operands(e: TExpr) -> tuple[TExpr, ...]:
 
 
 def reads(e: TExpr) -> list[Read]:
-    """Every tensor read in ``e``, gathers' inner reads included, in evaluation order. Passes ask
-    again for the same statement once per read they look at, so the reads of the last few large
-    expressions are kept (expressions are immutable; an entry holds its expression, so its id
-    is not reused while kept)."""
+    """Every tensor read in ``e``, gathers' inner reads included, in evaluation order."""
+    return list(read_tuple(e))
+
+
+def read_tuple(e: TExpr) -> tuple[Read, ...]:
+    """``reads(e)`` as a tuple. Passes ask again for the same statement once per read they look
+    at, so the reads of the last few large expressions are kept and returned without a copy
+    (expressions are immutable; an entry holds its expression, so its id is not reused while kept)."""
     kept = _KEPT_READS.get(id(e))
     if kept is not None and kept[0] is e:
-        return list(kept[1])
+        return kept[1]
     out: list[Read] = []
 
     def walk(x: TExpr) -> None:
@@ -144,12 +148,13 @@ def reads(e: TExpr) -> list[Read]:
             walk(o)
 
     walk(e)
-    if len(out) >= _KEEP_FROM:
+    found = tuple(out)
+    if len(found) >= _KEEP_FROM:
         with _KEPT_LOCK:
             if len(_KEPT_READS) >= _KEEP:
                 _KEPT_READS.pop(next(iter(_KEPT_READS)))
-            _KEPT_READS[id(e)] = (e, tuple(out))
-    return out
+            _KEPT_READS[id(e)] = (e, found)
+    return found
 
 
 _KEEP, _KEEP_FROM = 32, 64  # expressions kept; reads an expression needs to be kept

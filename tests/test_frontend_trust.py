@@ -162,6 +162,7 @@ def test_reads_of_a_large_expression_are_kept_by_identity(monkeypatch) -> None:
     monkeypatch.undo()
     assert len(again) == 400 and again is not first
     assert all(x is y for x, y in zip(again, C.reads(e)))  # the same nodes, not copies
+    assert C.read_tuple(e) is C.read_tuple(e)  # the kept tuple itself, for passes that index it per read
     other = check_def(parse(src.replace("B(i)", "A(i)")).defs[0]).stmts[0].rhs
     assert [r.tensor for r in C.reads(other)] == ["A"] * 400  # another expression is walked afresh
 
