@@ -25,7 +25,7 @@ from . import deepstack, display, gpurt, interp, layout
 from .autodiff import attach, backward_of, user_backward
 from .codegen import toolchain
 from .codegen.gpu import launch_text
-from .compiler import CKernel, GpuLowered, Lowered, cpu_target, lower, lower_gpu, strides_of
+from .compiler import CKernel, GpuLowered, Lowered, cpu_target, data_address, lower, lower_gpu, strides_of
 from .core import ast as A
 from .core import dtypes as T
 from .core import knobs, limits
@@ -150,8 +150,9 @@ class Kernel:
         self._laid_out: dict[tuple, Instance | None] = {}  # instances of the def rewritten by tcdsl.layout (None: none)
         self._compiled: dict[tuple, CKernel] = {}
         self._by_layout: dict[tuple, CKernel] = {}  # (argument shapes, dtypes and byte strides, options, target)
-        self._hot: dict[tuple, tuple[CKernel, MappingOptions, str | None, tuple[object, ...]]] = {}  # see _hot_kernel
-        self._tensor_layouts: dict[tuple, tuple] = {}  # torch tensors' layout -> the arrays' (_hot_tensor_kernel)
+        self._hot: dict[tuple, tuple] = {}  # see _hot_entry
+        # torch tensors' layout -> the arrays' and the kernel's runner on tensors (_hot_tensor_runner)
+        self._tensor_layouts: dict[tuple, tuple[tuple, Callable[[Sequence[Any]], Any]]] = {}
         self._gpu: dict[tuple, Any] = {}  # GPU programs per (sizes, backend, options)
         self._tuned: dict[tuple, tuple[MappingOptions, str] | None] = {}  # per argument layout: tuned options, and when
         self.compile_count = 0  # compiled kernels made by this kernel (in-memory cache misses)
@@ -438,6 +439,11 @@ class Kernel:
         """The C kernel a plain call (no ``out``, ``backend`` or ``options``) on numpy arrays with
         these shapes, dtypes and strides ran last, when nothing it was chosen by has changed since:
         the kernel's options and backend, the tuning done in this process, ``$TCDSL_CPU`` and ``$CC``."""
+        hit = self._hot_entry(args)
+        return hit[0] if hit is not None else None
+
+    def _hot_entry(self, args: Sequence[Any]) -> tuple | None:
+        """``_hot_kernel``'s entry: (kernel, options, backend, environment, its direct runner)."""
         key = []
         for a in args:
             if type(a) is not np.ndarray:
@@ -445,33 +451,43 @@ class Kernel:
             key.append((a.shape, a.dtype, a.strides))
         return self._hot_hit(tuple(key))
 
-    def _hot_tensor_kernel(self, tensors: Sequence[Any]) -> CKernel | None:
-        """``_hot_kernel`` for CPU torch tensors, by their shapes, dtypes and strides (no numpy view
-        made): the kernel the same call on their numpy views would run (``_note_tensor_layout``)."""
-        layout = self._tensor_layouts.get(_tensor_key(tensors))
-        return self._hot_hit(layout) if layout is not None else None
+    def _hot_tensor_runner(self, tensors: Sequence[Any]) -> Callable[[Sequence[Any]], Any] | None:
+        """For CPU torch tensors, by their shapes, dtypes and strides (no numpy view made): the
+        runner on tensors of the kernel that the same call on their numpy views would run, as
+        ``_hot_kernel`` finds it (``_note_tensor_layout``)."""
+        got = self._tensor_layouts.get(_tensor_key(tensors))
+        return got[1] if got is not None and self._hot_hit(got[0]) is not None else None
 
-    def _hot_hit(self, layout: tuple) -> CKernel | None:
+    def _hot_hit(self, layout: tuple) -> tuple | None:
         hit = self._hot.get(layout)
         if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != _call_env():
             return None
-        return hit[0]
+        return hit
 
-    def _note_tensor_layout(self, tensors: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
-        """Remember that ``tensors`` have the layout of their numpy views ``arrays``."""
+    def _note_tensor_layout(self, tensors: Sequence[Any], arrays: Sequence[np.ndarray],
+                            direct: Callable[[CKernel], Callable[[Sequence[Any]], Any]]) -> None:
+        """Remember that ``tensors`` have the layout of their numpy views ``arrays``, and how the
+        kernel those ran runs on the tensors themselves (``direct`` of it)."""
         key = _layout_key(arrays)
-        if key in self._hot:
-            self._tensor_layouts[_tensor_key(tensors)] = key
+        hit = self._hot.get(key)
+        if hit is not None and hit[0].plain:
+            self._tensor_layouts[_tensor_key(tensors)] = (key, direct(hit[0]))
 
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         try:  # errors surface here, as _user_facing says: a repeated call's path has no wrapper
             if out is None and backend is None and options is None and not self._deep:
-                hot = self._hot_kernel(args)  # a repeated call: straight to its kernel, a few microseconds
-                if hot is not None:
-                    values = hot.run_plain(args)
-                    return values[0] if len(values) == 1 else tuple(values)
-                if _TORCH_OPS is not None and _torch_args(args):  # tensors: torch_ops' repeated-call path
+                key = []  # a repeated call on arrays: straight to its kernel (_hot_entry, inline)
+                for a in args:
+                    if type(a) is not np.ndarray:
+                        break
+                    key.append((a.shape, a.dtype, a.strides))
+                else:
+                    hit = self._hot.get(tuple(key))
+                    if hit is not None and hit[1] is self.options and hit[2] == self.backend \
+                            and hit[3] == _call_env():
+                        return hit[4](args)
+                if _TORCH_OPS is not None:  # tensors: torch_ops' repeated-call path
                     fast = _TORCH_OPS.repeated(self, args)
                     if fast is not None:
                         return fast
@@ -485,10 +501,9 @@ class Kernel:
     def _call(self, *args: Any, out: Any = None, backend: str | None = None,
               options: MappingOptions | None = None) -> Any:
         if self._deep and out is None and backend is None and options is None:  # (__call__ tried the rest)
-            hot = self._hot_kernel(args)
-            if hot is not None:
-                values = hot.run_plain(args)
-                return values[0] if len(values) == 1 else tuple(values)
+            hit = self._hot_entry(args)
+            if hit is not None:
+                return hit[4](args)
         if _torch_args(args):  # torch tensors, CPU or CUDA: tcdsl.torch_ops (autograd)
             return _torch_ops().call(self, args, out=out, backend=backend, options=options)
         on_device = any(gpurt.is_device_array(a) for a in args)
@@ -532,7 +547,8 @@ class Kernel:
             results = ck(inputs, initial=initial)
             if out is None and backend is None and options is None and all(a is x for a, x in zip(arrays, args)):
                 with self._lock:  # the next such call goes straight to the kernel (_hot_kernel)
-                    self._hot[_layout_key(arrays)] = (ck, self.options, self.backend, _call_env())
+                    run = ck.direct(data_address) if ck.plain else _runner(ck)
+                    self._hot[_layout_key(arrays)] = (ck, self.options, self.backend, _call_env(), run)
         else:
             results = interp.run(inst, {t.name: a for t, a in zip(self.checked.inputs, arrays)}, initial)
         values = [results[t.name] for t in self.checked.outputs]
@@ -824,9 +840,15 @@ def _tensor_key(tensors: Sequence[Any]) -> tuple:
     return tuple([(a.shape, a.dtype, a.stride()) for a in tensors])
 
 
-def _call_env() -> tuple[object, ...]:
-    """What a call's backend and CPU target are read from in the environment."""
-    return knobs.call_env()
+_call_env = knobs.call_env  # what a repeated call checks in the environment before it reuses its kernel
+
+
+def _runner(ck: CKernel) -> Callable[[Sequence[np.ndarray]], Any]:
+    """A repeated call's run of a kernel with an empty tensor (not ``plain``): ``CKernel.run``."""
+    def run(arrays: Sequence[np.ndarray]) -> Any:
+        made = ck.run(arrays)
+        return made[0] if len(made) == 1 else tuple(made)
+    return run
 
 
 def _c_ready(a: np.ndarray) -> np.ndarray:

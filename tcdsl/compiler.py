@@ -15,6 +15,7 @@ import ctypes
 import functools
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -197,7 +198,6 @@ class CKernel:
                 self._temp_makers.append((position[t.name], functools.partial(make, max(size, 1), dtype=t.dtype)))
         self._plain = self._nonempty
         self._errors = threading.local()  # run_at's error record, one per calling thread, reused
-        self._run_plain = self._plain_runner()
 
     def writes_in_place(self, inputs: dict[str, np.ndarray], outs: list[np.ndarray]) -> bool:
         """Whether caller buffers can take the results directly: the kernel cannot fail half-way
@@ -235,8 +235,8 @@ class CKernel:
         """Run on ``inputs`` (in the def's order, C-ready); results go to ``outputs`` where given
         (C-contiguous, in the def's order), else to fresh arrays; returns the output arrays. A
         repeated call's fast path: its plan is made once, in ``__init__``."""
-        if outputs is None and self._plain:  # the repeated call's path, a few microseconds of Python
-            return self.run_at([_address(a) for a in inputs])
+        if outputs is None and self._plain:
+            return self.run_at([data_address(a) for a in inputs])
         addresses = [0] * (self._params + 1)  # every parameter is a tensor of the def, then the error record
         held = []  # what the addresses point into, alive until the call returns
         # an empty tensor is passed as one zeroed element: a failing check may load it before it raises
@@ -245,7 +245,7 @@ class CKernel:
                 if not nonempty:
                     a = np.zeros(1, a.dtype)
                     held.append(a)
-                addresses[at] = _address(a)
+                addresses[at] = data_address(a)
         made = []
         for k, (at, shape, dtype, zero) in enumerate(self._fresh):
             o = outputs[k] if outputs is not None else None
@@ -256,45 +256,59 @@ class CKernel:
                 if not o.size:
                     o = np.zeros(1, dtype)
                     held.append(o)
-                addresses[at] = _address(o)
+                addresses[at] = data_address(o)
         # owners get a buffer for their group (the kernel zeroes what sharers need)
         for at, make in self._temp_makers:
             t = make()
             held.append(t)
-            addresses[at] = _address(t)
+            addresses[at] = data_address(t)
         err = np.zeros(2, dtype=np.int64)
-        addresses[-1] = _address(err)
+        addresses[-1] = data_address(err)
         code = self.fn(*addresses)
         if code:
             raise self._error(int(err[0]), int(err[1]))
         return made
 
-    def run_plain(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``run(inputs)``: a repeated call's path, built once for the common kernel (one output,
-        no temporaries' buffers, no empty tensor) and otherwise ``run``'s own."""
-        return self._run_plain(inputs)
+    def direct(self, address: Callable[[Any], int], wrap: Callable[[np.ndarray], Any] | None = None
+               ) -> Callable[[Sequence[Any]], Any]:
+        """A repeated call's whole run, built once: ``run_at`` on the inputs' addresses (``address``
+        of each), returning the output (``wrap`` of it where given), or a tuple of them. Needs
+        ``plain``. The common kernel (its inputs in order, then its one output, no temporaries'
+        buffers) runs in one call of a few microseconds."""
+        n = len(self._inputs)
+        common = ([at for at, _ in self._inputs] == list(range(n)) and len(self._makers) == 1
+                  and self._makers[0][0] == n and self._params == n + 1)
+        if not common:
+            def general(inputs: Sequence[Any]) -> Any:
+                made = self.run_at([address(a) for a in inputs])
+                if wrap is not None:
+                    made = [wrap(o) for o in made]
+                return made[0] if len(made) == 1 else tuple(made)
+            return general
+        fn, errors, error, make = self.fn, self._errors, self._error, self._makers[0][1]
+        h, at = _HEADER, _pointer_at
+        if address is data_address and h is not None and n == 1:  # an ndarray's address read inline
 
-    def _plain_runner(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-        if not (self._plain and len(self._makers) == 1 and self._makers[0][0] is not None and not self._temp_makers):
-            return self.run
-        fn, size, errors, error = self.fn, self._params + 1, self._errors, self._error
-        places: list[tuple[int, int]] = [(k, at) for k, (at, _) in enumerate(self._inputs) if at is not None]
-        ((put, make),) = self._makers
-        assert put is not None
+            def run1(inputs: Sequence[Any]) -> Any:
+                o = make()
+                try:
+                    err, rec = errors.record
+                except AttributeError:  # this thread's first call
+                    err, rec = _error_record(errors)
+                if fn(at(id(inputs[0]) + h).value, at(id(o) + h).value, rec):
+                    raise _failed(err, error)
+                return o
+            return run1
 
-        def run(inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-            addresses = [0] * size
-            for k, at in places:
-                addresses[at] = _address(inputs[k])
+        def run(inputs: Sequence[Any]) -> Any:
             o = make()
-            addresses[put] = _address(o)
             try:
-                err, addresses[-1] = errors.record
+                err, rec = errors.record
             except AttributeError:  # this thread's first call
-                err, addresses[-1] = _error_record(errors)
-            if fn(*addresses):
+                err, rec = _error_record(errors)
+            if fn(*map(address, inputs), data_address(o), rec):
                 raise _failed(err, error)
-            return [o]
+            return o if wrap is None else wrap(o)
         return run
 
     @property
@@ -315,10 +329,10 @@ class CKernel:
             o = make()
             made.append(o)
             if at is not None:
-                addresses[at] = _address(o)
+                addresses[at] = data_address(o)
         held = [make() for _, make in self._temp_makers]  # alive until the call returns
         for (at, _), t in zip(self._temp_makers, held):
-            addresses[at] = _address(t)
+            addresses[at] = data_address(t)
         try:
             err, addresses[-1] = self._errors.record
         except AttributeError:  # this thread's first call
@@ -357,7 +371,7 @@ def _output(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> np.ndarray:
     if n < ALIGN_FROM:
         return (np.zeros if zero else np.empty)(shape, dtype=dtype)
     raw = (np.zeros if zero else np.empty)(n + ALIGN, dtype=np.uint8)
-    at = -_address(raw) % ALIGN
+    at = -data_address(raw) % ALIGN
     return raw[at:at + n].view(dtype).reshape(shape)
 
 
@@ -370,11 +384,30 @@ def _maker(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> Callable[[], 
 
 _char_at: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
+_pointer_at = ctypes.c_void_p.from_address
 
 
-def _address(a: np.ndarray) -> int:
-    """The address of ``a``'s first element: through the buffer protocol where ``a`` is writable
-    and contiguous (a fifth of the time ``a.ctypes.data`` takes), else through numpy."""
+def _header_bytes() -> int | None:
+    """Where an ndarray's object holds the address of its first element (``PyArrayObject``'s
+    ``data``, right after the object header), checked on arrays of several layouts; None where the
+    interpreter is not CPython or the check fails."""
+    if sys.implementation.name != "cpython":
+        return None
+    at = object.__basicsize__
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    probes = (base, base[1:, 2:], base[::-1, ::2], np.zeros(3, np.float32), np.frombuffer(b"abcd", np.uint8))
+    ok = all(_pointer_at(id(p) + at).value == p.ctypes.data for p in probes)
+    return at if ok else None
+
+
+_HEADER = _header_bytes()
+
+
+def data_address(a: np.ndarray) -> int:
+    """The address of ``a``'s first element: read from the object where it is an ndarray (a tenth of
+    the time ``a.ctypes.data`` takes), else through the buffer protocol, else through numpy."""
+    if type(a) is np.ndarray and _HEADER is not None:
+        return _pointer_at(id(a) + _HEADER).value or 0
     try:
         return _addressof(_char_at(a))
     except (TypeError, ValueError, BufferError):  # read-only, or not contiguous

@@ -309,10 +309,16 @@ def _output_shapes(e: _Entry, args: list[torch.Tensor]) -> dict[str, tuple[int, 
 def _run_cpu(e: _Entry, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``_run`` on CPU tensors, at their addresses where the same layout ran before."""
     if e.backend is None and e.options is None:
-        hot = e.kernel._hot_tensor_kernel(args)
-        if hot is not None and hot.plain:
-            return [torch.from_numpy(r) for r in hot.run_at([a.data_ptr() for a in args])]
+        run = e.kernel._hot_tensor_runner(args)
+        if run is not None:
+            res = run(args)
+            return list(res) if type(res) is tuple else [res]
     return _run(e, list(args))
+
+
+def _direct(kernel: Any) -> Any:
+    """A compiled kernel's repeated-call runner on CPU tensors: at their addresses, into fresh tensors."""
+    return kernel.direct(torch.Tensor.data_ptr, torch.from_numpy)
 
 
 def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -320,14 +326,15 @@ def _run(e: _Entry, args: list[torch.Tensor]) -> list[torch.Tensor]:
         return _run_cuda(e, args)
     repeated = e.backend is None and e.options is None  # the kernel's repeated-call path; fresh arrays become tensors
     if repeated:
-        hot = e.kernel._hot_tensor_kernel(args)
-        if hot is not None and hot.plain:  # no numpy views: the tensors' addresses
-            return [torch.from_numpy(r) for r in hot.run_at([a.data_ptr() for a in args])]
+        run = e.kernel._hot_tensor_runner(args)
+        if run is not None:  # no numpy views: the tensors' addresses
+            res = run(args)
+            return list(res) if type(res) is tuple else [res]
     arrays = [a.detach().numpy() if a.requires_grad else a.numpy() for a in args]
     if repeated:
         hot = e.kernel._hot_kernel(arrays)
         res = hot.run(arrays) if hot is not None else e.kernel(*arrays)
-        e.kernel._note_tensor_layout(args, arrays)
+        e.kernel._note_tensor_layout(args, arrays, _direct)
         return [torch.from_numpy(r) if r.flags.writeable else torch.tensor(r)
                 for r in (res if isinstance(res, (tuple, list)) else (res,))]
     shapes = _output_shapes(e, args)
@@ -413,24 +420,31 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     """``call``'s result for plain CPU tensors of the def's dtypes in eager mode, with no checks
     left to make (None otherwise): a repeated call's path, a few microseconds of Python besides
     the kernel's own (``Kernel.__call__`` tries it first, once this module is loaded)."""
-    if torch.compiler.is_compiling():
+    train = False
+    layout = []  # Kernel._tensor_layouts' key, built on the way
+    for a in args:
+        if type(a) not in _PLAIN or not a.is_cpu:
+            return None
+        if a.requires_grad:
+            train = True
+        layout.append((a.shape, a.dtype, a.stride()))
+    if torch.compiler.is_compiling() or kernel.checked.accumulates:
         return None
+    if torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args):
+        return None  # (no functorch transform running: no wrapped tensor to look for)
+    train = train and torch.is_grad_enabled()
+    if not train:  # a layout that ran before: straight to its kernel (Kernel._hot_tensor_runner)
+        got = kernel._tensor_layouts.get(tuple(layout))
+        if got is not None and kernel._hot_hit(got[0]) is not None:
+            return got[1](args)
     dtypes = kernel.__dict__.get("_torch_dtypes")
     if dtypes is None:
         dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
-    if len(args) != len(dtypes) or kernel.checked.accumulates:
+    if len(args) != len(dtypes) or any(a.dtype != want for a, want in zip(args, dtypes)):
         return None
-    train = False
-    for a, want in zip(args, dtypes):
-        if type(a) not in _PLAIN or a.dtype != want or not a.is_cpu:
-            return None
-        train = train or a.requires_grad
-    train = train and torch.is_grad_enabled()
     if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(list(args)) and _probe(kernel) \
             and _under_gradcheck():
         return None  # the slow path warns
-    if torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args):
-        return None  # (no functorch transform running: no wrapped tensor to look for)
     key = _forward_key(kernel, None, None, train)
     n = len(kernel.checked.outputs)
     res = _EagerStep.apply(key, *args) if train else _run_cpu(_entry(key), args)

@@ -674,6 +674,38 @@ def test_repeated_calls_follow_what_the_call_depends_on(monkeypatch: pytest.Monk
     np.testing.assert_array_equal(k(A, B, backend="numpy"), k(A, B))
 
 
+def test_repeated_calls_of_a_one_input_def_read_each_arrays_own_elements() -> None:
+    """The one-input repeated call reads the array's address from the array object: views at an
+    offset, read-only arrays, reversed views and an array reshaped in place each give their own
+    numbers; the address it reads is numpy's own for every kind of array."""
+    from tcdsl.compiler import data_address
+
+    k = tc.define("def inc(float(N) A) -> (B) { B(i) = A(i) * 2.0 + 1.0 }", backend="c")
+    big = f32(40, seed=30)
+    for lo in (0, 1, 5, 33):  # one layout, other addresses
+        np.testing.assert_array_equal(k(big[lo:lo + 7]), big[lo:lo + 7] * 2 + 1)
+    frozen = big[3:10].copy()
+    frozen.flags.writeable = False
+    np.testing.assert_array_equal(k(frozen), frozen * 2 + 1)
+    np.testing.assert_array_equal(k(big[::-1][:7]), big[::-1][:7] * 2 + 1)
+    flat = f32(8, seed=31)
+    np.testing.assert_array_equal(k(flat), flat * 2 + 1)
+    flat.shape = (2, 4)  # the same object, now 2-D: refused, not read as 1-D
+    with pytest.raises(tc.TcError):
+        k(flat)
+    flat.shape = (8,)
+    np.testing.assert_array_equal(k(flat), flat * 2 + 1)
+    memmap_like = np.frombuffer(bytearray(flat.tobytes()), np.float32)
+    np.testing.assert_array_equal(k(memmap_like), flat * 2 + 1)
+    class Sub(np.ndarray):
+        pass
+
+    kinds = [big, big[5:], big[::-3], frozen, memmap_like, np.asfortranarray(f32(3, 4, seed=2))[1:, 1:],
+             np.ones((2, 2), np.float32), big[2:].view(Sub), np.zeros(0)]
+    for a in kinds:
+        assert data_address(a) == a.ctypes.data
+
+
 def test_repeated_call_errors_are_located() -> None:
     k = tc.define("def pick(float(N) X, int32(M) I) -> (Y) { Y(m) = X(I(m)) }", backend="c")
     X, ok, bad = np.arange(4, dtype=np.float32), np.array([0, 3], np.int32), np.array([0, 4], np.int32)
