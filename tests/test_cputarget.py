@@ -77,8 +77,10 @@ def test_cache_sizes_from_the_knob(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_presets_narrow_only() -> None:
     native = cputarget.from_features({"-mavx512f"}, "x86_64")
     avx2 = cputarget.named("avx2", native)
-    assert (avx2.isa, avx2.vector_bytes, avx2.vector_registers, avx2.flags) == ("avx2", 32, 16, ("-mno-avx512f",))
+    assert (avx2.isa, avx2.vector_bytes, avx2.vector_registers, avx2.flags) == ("avx2", 32, 16, ("-mno-avx512f",
+                                                                                      "-mprefer-vector-width=256"))
     assert cputarget.named("native", native) is native and cputarget.named("AVX512", native) == native
+    assert cputarget.from_features({"-mavx2", "-mfma"}, "x86_64").flags == ("-mprefer-vector-width=256",)
     assert cputarget.named("sse2", native).flags == ("-mno-avx",)
     assert len({native.key, avx2.key, cputarget.named("sse2", native).key}) == 3
     with pytest.raises(TcArgumentError, match="cannot run avx512"):
