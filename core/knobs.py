@@ -61,12 +61,17 @@ def cpu_caches() -> dict[str, int]:
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
-def call_env() -> tuple[object, ...]:
-    """What a call's CPU target and C compiler are read from (TCDSL_CPU, CC, TCDSL_CPU_CACHES), as raw values to
-    compare with a previous call's (a repeated call checks them before it reuses its kernel)."""
-    if isinstance(_ENV_DATA, dict):
-        return _ENV_DATA.get(b"TCDSL_CPU"), _ENV_DATA.get(b"CC"), _ENV_DATA.get(b"TCDSL_CPU_CACHES")
-    return os.environ.get("TCDSL_CPU"), os.environ.get("CC"), os.environ.get("TCDSL_CPU_CACHES")
+if isinstance(_ENV_DATA, dict):
+    _env = _ENV_DATA.get
+
+    def call_env() -> tuple[object, ...]:
+        """What a call's CPU target and C compiler are read from (TCDSL_CPU, CC, TCDSL_CPU_CACHES), as raw
+        values to compare with a previous call's (a repeated call checks them before it reuses its kernel)."""
+        return _env(b"TCDSL_CPU"), _env(b"CC"), _env(b"TCDSL_CPU_CACHES")
+else:
+    def call_env() -> tuple[object, ...]:
+        """``call_env`` where os.environ keeps no encoded mapping."""
+        return os.environ.get("TCDSL_CPU"), os.environ.get("CC"), os.environ.get("TCDSL_CPU_CACHES")
 
 
 def cache_dir() -> Path:
