@@ -455,7 +455,11 @@ class Kernel:
         """For CPU torch tensors, by their shapes, dtypes and strides (no numpy view made): the
         runner on tensors of the kernel that the same call on their numpy views would run, as
         ``_hot_kernel`` finds it (``_note_tensor_layout``)."""
-        got = self._tensor_layouts.get(_tensor_key(tensors))
+        return self._tensor_runner(_tensor_key(tensors))
+
+    def _tensor_runner(self, layout: tuple) -> Callable[[Sequence[Any]], Any] | None:
+        """``_hot_tensor_runner`` by the tensors' layout key (``_tensor_key``)."""
+        got = self._tensor_layouts.get(layout)
         return got[1] if got is not None and self._hot_hit(got[0]) is not None else None
 
     def _hot_hit(self, layout: tuple) -> tuple | None:

@@ -203,45 +203,45 @@ _KEPT: dict[tuple[str, tuple[bool, ...]], tuple[list[str], list[bool]]] = {}  # 
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    """Keep for the backward only the tensors its def reads (also under double backward)."""
+    """Keep for the backward only the tensors its def reads (also under double backward), and in
+    ``ctx.tc`` what ``_autograd`` needs: the key, which inputs need a gradient, the outputs' shapes
+    and dtypes, and the names of the kept tensors."""
     key, args = inputs
-    e = _entry(key)
-    ctx.key = key
-    ctx.needs = [a.requires_grad for a in args]
-    ctx.n_args = len(args)
-    ctx.out_meta = [(o.shape, o.dtype) for o in output]
+    needs = tuple([a.requires_grad for a in args])
     ctx.set_materialize_grads(False)  # saved values get a gradient only under double backward
-    plan = _KEPT.get((key, tuple(ctx.needs)))
+    plan = _KEPT.get((key, needs))
     if plan is None:
-        wrt = _wrt(e.owner, ctx.needs)
+        e = _entry(key)
+        wrt = _wrt(e.owner, list(needs))
         keep: set[str] = set()
         for owner in dict.fromkeys([e.owner, e.kernel]) if wrt else ():
             keep |= {p.name if p.role == "saved" else p.of for p in backward_of(owner, wrt).params if p.role != "grad"}
         names = [t.name for t in e.owner.checked.inputs] + [n for n, _ in e.outputs]
-        plan = _KEPT[(key, tuple(ctx.needs))] = ([n for n in names if n in keep], [n in keep for n in names])
-    ctx.kept = plan[0]
-    ctx.save_for_backward(*[t for t, kept in zip([*args, *output], plan[1]) if kept])
+        plan = _KEPT[(key, needs)] = ([n for n in names if n in keep], [n in keep for n in names])
+    ctx.tc = (key, needs, [(o.shape, o.dtype) for o in output], plan[0])
+    ctx.save_for_backward(*[t for t, kept in zip((*args, *output), plan[1]) if kept])
 
 
 _PLANS: dict[tuple[str, tuple[bool, ...], bool], tuple[str, list[tuple[bool, str]], list[int]] | None] = {}
 
 
 def _autograd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None]]:
-    e = _entry(ctx.key)
+    key, needs, out_meta, kept = ctx.tc
+    e = _entry(key)
     # the kernel's backward; when the values it saved have gradients too (double backward), the
     # backward of the def that returns them, which counts them as outputs
     double = any(g is not None for g in grads[e.n_user_outputs:])
-    plan_key = (ctx.key, tuple(ctx.needs), double)
+    plan_key = (key, needs, double)
     if plan_key in _PLANS:
         plan = _PLANS[plan_key]
     else:
-        plan = _PLANS[plan_key] = _backward_plan(e, e.kernel if double else e.owner, ctx.needs)
-    result: list[torch.Tensor | None] = [None] * ctx.n_args
+        plan = _PLANS[plan_key] = _backward_plan(e, e.kernel if double else e.owner, list(needs))
+    result: list[torch.Tensor | None] = [None] * len(needs)
     if plan is None:
         return None, result
     bkey, sources, positions = plan
-    values = dict(zip(ctx.kept, ctx.saved_tensors))
-    grads_of = {n: (g, meta) for (n, _), g, meta in zip(e.outputs, grads, ctx.out_meta)}
+    values = dict(zip(kept, ctx.saved_tensors))
+    grads_of = {n: (g, meta) for (n, _), g, meta in zip(e.outputs, grads, out_meta)}
     bargs = []
     for is_grad, name in sources:
         if is_grad:
@@ -410,7 +410,7 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
     if not _eager(tensors):
         res = _forward(key, tensors)[:n]
     elif train:
-        res = list(_EagerStep.apply(key, *tensors)[:n])
+        res = list(_EagerStep.apply(key, None, *tensors)[:n])
     else:
         res = _run(_entry(key), tensors)[:n]
     return res[0] if n == 1 else tuple(res)
@@ -433,21 +433,25 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     if torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args):
         return None  # (no functorch transform running: no wrapped tensor to look for)
     train = train and torch.is_grad_enabled()
-    if not train:  # a layout that ran before: straight to its kernel (Kernel._hot_tensor_runner)
-        got = kernel._tensor_layouts.get(tuple(layout))
-        if got is not None and kernel._hot_hit(got[0]) is not None:
-            return got[1](args)
+    if not train:  # a layout that ran before: straight to its kernel
+        run = kernel._tensor_runner(tuple(layout))
+        if run is not None:
+            return run(args)
     dtypes = kernel.__dict__.get("_torch_dtypes")
     if dtypes is None:
         dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
     if len(args) != len(dtypes) or any(a.dtype != want for a, want in zip(args, dtypes)):
         return None
-    if train and "_gradcheck_told" not in kernel.__dict__ and _narrow_gradients(list(args)) and _probe(kernel) \
+    if train and "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args)) \
             and _under_gradcheck():
         return None  # the slow path warns
     key = _forward_key(kernel, None, None, train)
     n = len(kernel.checked.outputs)
-    res = _EagerStep.apply(key, *args) if train else _run_cpu(_entry(key), args)
+    if not train:
+        res = _run_cpu(_entry(key), args)
+    else:  # the forward def's kernel for this layout, when it ran before (the def itself, or the one that saves)
+        e = _entry(key)
+        res = _EagerStep.apply(key, e.kernel._tensor_runner(tuple(layout)), *args)
     return res[0] if n == 1 else tuple(res[:n])
 
 
@@ -468,14 +472,19 @@ class _EagerStep(torch.autograd.Function):
     for eager calls."""
 
     @staticmethod
-    def forward(ctx: Any, key: str, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
-        outs = _run(_entry(key), list(args))
-        _setup(ctx, (key, list(args)), outs)
+    def forward(ctx: Any, key: str, run: Any, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        """``run``: the kernel's runner on these tensors' layout where it ran before (else None)."""
+        if run is None:
+            outs = _run(_entry(key), list(args))
+        else:
+            res = run(args)
+            outs = list(res) if type(res) is tuple else [res]
+        _setup(ctx, (key, args), outs)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
-        return (None, *_autograd(ctx, list(grads))[1])
+        return (None, None, *_autograd(ctx, list(grads))[1])
 
 
 def _probe(kernel: Any) -> bool:
