@@ -375,6 +375,9 @@ def _tensors(kernel: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
             raise TcArgumentError(f"'{t.name}' is on {a.device}; tcdsl runs torch tensors on the CPU (backends "
                                   f"'c' and 'numpy') or on CUDA devices (backend 'cuda'); move it with .cpu()",
                                   t.span.location())
+        if a.layout is not torch.strided:
+            raise TcArgumentError(f"'{t.name}' is a {str(a.layout).removeprefix('torch.')} tensor; tcdsl reads "
+                                  "strided (dense) tensors: convert it with .to_dense()", t.span.location())
         out.append(a)
     if len({a.device for a in out if a.dim() or a.is_cuda}) > 1:
         raise TcArgumentError(f"{c.name}(): the tensors are on different devices "
@@ -423,7 +426,7 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     train = False
     layout = []  # Kernel._tensor_layouts' key, built on the way
     for a in args:
-        if type(a) not in _PLAIN or not a.is_cpu:
+        if type(a) not in _PLAIN or not a.is_cpu or a.layout is not _STRIDED:
             return None
         if a.requires_grad:
             train = True
@@ -465,6 +468,7 @@ def _eager(tensors: Sequence[Any]) -> bool:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 
 
 class _EagerStep(torch.autograd.Function):
@@ -584,6 +588,10 @@ def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: 
         res = _forward(key, list(args))
         n = _entry(key).n_user_outputs
         return res[0] if n == 1 else tuple(res[:n])
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
+            raise TcArgumentError(f"argument {i + 1} is a {str(a.layout).removeprefix('torch.')} tensor; tcdsl "
+                                  "reads strided (dense) tensors: convert it with .to_dense()")
     plain = [a.detach().numpy() if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args]
     kernel = generic.kernel(*plain)
     return call(kernel, args, out=out, backend=backend or generic.backend, options=options)

@@ -108,6 +108,30 @@ def test_repeated_calls_on_tensors_of_one_layout_run_at_their_addresses() -> Non
 
 
 @pytest.mark.cpu
+def test_tensors_that_are_not_strided_are_refused_on_every_call() -> None:
+    """Sparse and mkldnn tensors have no strided storage to run at: a located error, on the first
+    call and after a call on a dense tensor of the same shape (the repeated-call path), for a def and
+    for a short form."""
+    k = tc.define("def inc(float(N) A) -> (B) { B(i) = A(i) + 1.0 }")
+    dense = torch.arange(4, dtype=torch.float32)
+    odd = [dense.to_sparse()] + ([dense.to_mkldnn()] if torch.backends.mkldnn.is_available() else [])
+    for a in odd:
+        with pytest.raises(tc.TcArgumentError, match="strided") as e:
+            k(a)
+        assert e.value.location is not None and e.value.location.line == 1
+    np.testing.assert_array_equal(k(dense).numpy(), [1, 2, 3, 4])
+    for a in odd:
+        with pytest.raises(tc.TcArgumentError, match="strided"):
+            k(a)
+        with pytest.raises(tc.TcArgumentError, match="strided"):
+            k(a.requires_grad_(True) if a.is_sparse else a)
+    short = tc.define("B(i) = A(i) * 2.0")(lambda A: None)
+    np.testing.assert_array_equal(short(dense).numpy(), [0, 2, 4, 6])
+    with pytest.raises(tc.TcArgumentError, match="argument 1 is a sparse_coo tensor"):
+        short(dense.to_sparse())
+
+
+@pytest.mark.cpu
 def test_repeated_calls_of_a_def_with_temporary_buffers_run_at_their_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel whose temporaries need buffers (a row sum kept across a loop) takes the address
     path too: each call makes its own buffers, so calls on different rows, and the backward def
