@@ -89,14 +89,15 @@ PRELUDE = r"""#include <math.h>
 #define tc_aligned_alloc aligned_alloc
 #endif
 
-/* floor division and modulo (Python's); d == -1 is separate because LONG_MIN / -1 traps on x86 */
+/* floor division and modulo (Python's); d == -1 is separate because LONG_MIN / -1 traps on x86.
+   No branch once d is a constant: a quotient inside a simd loop leaves the loop vectorisable. */
 static inline long tc_fdiv(long n, long d) {
   if (d == -1) return (long)(0UL - (unsigned long)n);
-  long q = n / d; return (q * d != n && ((n < 0) != (d < 0))) ? q - 1 : q;
+  long q = n / d; return q - (long)((q * d != n) & ((n < 0) != (d < 0)));
 }
 static inline long tc_fmod(long n, long d) {
   if (d == -1) return 0;
-  long r = n % d; return (r != 0 && ((r < 0) != (d < 0))) ? r + d : r;
+  long r = n % d; return r + d * (long)((r != 0) & ((r < 0) != (d < 0)));
 }
 /* A failed check records its code and value (the first one wins) and reads element 0 instead. */
 static inline void tc_fail(long *err, long code, long v) {
@@ -241,6 +242,8 @@ class _Emitter(Facts):
         self.vector_tiles = False  # register tiles among it (vectile)
         self.mathlib: set[tuple[str, str]] = set()  # (tcdsl.codegen.mathlib function, type) the kernel calls
         self.partials: dict[int, dict[str, str]] = {}  # id(privatised row loop) -> target -> its partial rows
+        # while a statement prints: its indices that are d*q + r (codegen.lower.run_over_quotients) -> (d, q, r)
+        self.quotients: dict[str, tuple[int, str, int]] = {}
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -902,10 +905,14 @@ class _Emitter(Facts):
         with w.indent():
             env: dict[str, str] = {}
             scatter = s.scatter if st.kind == "update" else None
+            self.quotients = {}
             for k, (name, arg) in enumerate(zip(st.indices, n.args)):
                 env[name] = f"x{k}"
                 if scatter is None or name != scatter[0]:
                     w.line(f"const {self.ITYPE} x{k} = {_top(self._lexpr(arg))};")
+                group = _group_of(arg)
+                if group is not None:
+                    self.quotients[f"x{k}"] = group
             if scatter is not None:  # the index the data names; the equality holds nowhere outside its range
                 x = env[scatter[0]]
                 w.line(f"const {self.ITYPE} {x} = (long){self._expr(scatter[1], env, s)};")
@@ -945,6 +952,7 @@ class _Emitter(Facts):
                 w.pop()
                 w.line("}")
         w.line("}")
+        self.quotients = {}  # (the next statement sets its own)
 
     def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
                 checked: list[str] | None = None) -> str:
@@ -982,6 +990,12 @@ class _Emitter(Facts):
         if isinstance(a, Var):
             return env[a.name]
         if isinstance(a, FloorDiv):
+            if len(a.num.terms) == 1 and a.num.terms[0][1] == 1 and isinstance(a.num.terms[0][0], Var):
+                group = self.quotients.get(env[a.num.terms[0][0].name])
+                if group is not None and group[0] == a.den:  # (d*q + r + c) / d = q + (r + c) / d, exactly
+                    d, q, r = group
+                    extra = (r + a.num.const) // d
+                    return f"({q} + {extra})" if extra else q
             return f"tc_fdiv({self._sym(a.num, env)}, {a.den})"
         if isinstance(a, Mod):
             return f"tc_fmod({self._sym(a.num, env)}, {a.den})"
@@ -1159,6 +1173,22 @@ def _schedule(n: LFor) -> str:
         m = trip_count(inner)
         trips = None if m is None else trips * m
     return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
+
+
+def _group_of(e: LExpr) -> tuple[int, str, int] | None:
+    """``(d, q, r)`` where a statement index is ``d*q + r``, ``q`` a loop's variable and ``d`` >= 2
+    (codegen.lower.run_over_quotients); its quotients by ``d`` print as ``q`` plus a constant."""
+    r = 0
+    if isinstance(e, LOp) and e.op == "+" and len(e.args) == 2:
+        head, tail = e.args
+        if isinstance(tail, LInt):
+            e, r = head, tail.value
+    if not (isinstance(e, LOp) and e.op == "*" and len(e.args) == 2):
+        return None
+    d, q = e.args
+    if isinstance(d, LInt) and isinstance(q, LVar) and d.value >= 2:
+        return d.value, q.name, r
+    return None
 
 
 def _index_names(e: TExpr) -> set[str]:

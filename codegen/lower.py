@@ -12,6 +12,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     accumulate  innermost nests of reduction loops into one element, in a local
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
+    quotient    pointwise loops that read at ``v / d`` run over the quotient, the ``d`` remainders written out
     pack        the operand a vector tile loads along its rows copied into contiguous panels
     fuse        nests of one statement's pieces that share their outer parallel loops run them once
     siblings    independent nests that run the same outer loops and read a tensor in common run them once
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tcdsl.core import dtypes as T
-from tcdsl.core.affine import Sym, Var
+from tcdsl.core.affine import FloorDiv, Sym, Var
 from tcdsl.core.checked import Statement, read_tuple, reads
 from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.loopir import (
@@ -348,6 +349,84 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
         return None
 
     return replace(ir, body=rewrite(ir.body, visit))
+
+
+# ---- quotient ----
+def run_over_quotients(ir: LoopIR, f: Facts) -> LoopIR:
+    """A pointwise simd loop over ``v`` whose statement reads at ``v / d`` (``d`` a constant: a
+    pooling gradient's ``O(n, c, x2 / 2, x3 / 2)``, a nearest upsampling) runs over the quotient
+    ``q``, with the ``d`` remainders written out in its body (``v = d*q + r``): the reads at
+    ``v / d`` become reads at ``q``, one element per iteration, and the reads and writes at ``v``
+    groups of ``d`` neighbours, which the compiler vectorises; the iterations past the last whole
+    group run after it. (Compiled with ``-fwrapv``, the compiler cannot simplify ``(2*q + 1) / 2``
+    itself; the emitter prints it as ``q``.) The maxpool gradient's ``d_I`` nest, 12x48x46x46, 2
+    threads on AVX2: 4.0 -> 1.1 ms."""
+
+    def visit(n: LNode) -> LNode | tuple[LNode, ...] | None:
+        if not isinstance(n, LFor) or not n.simd or n.vector is not None:
+            return None
+        plan = _quotient_plan(n, f)
+        if plan is None:
+            return None
+        d, k, lo, hi = plan
+        call = n.body[0]
+        assert isinstance(call, LCall)
+        whole = (hi - lo + 1) // d
+        q = LVar(n.var)
+
+        def at(r: int) -> LCall:
+            value: LExpr = LOp("*", (LInt(d), q))
+            if r:
+                value = LOp("+", (value, LInt(r)))
+            return replace(call, args=tuple(value if i == k else a for i, a in enumerate(call.args)))
+
+        groups = replace(n, init=LInt(lo // d), cond=LOp("<=", (q, LInt(lo // d + whole - 1))),
+                         body=tuple(at(r) for r in range(d)))
+        if lo + whole * d > hi:
+            return groups
+        return groups, replace(n, init=LInt(lo + whole * d))
+
+    return replace(ir, body=rewrite(ir.body, visit))
+
+
+def _quotient_plan(n: LFor, f: Facts) -> tuple[int, int, int, int] | None:
+    """(``d``, the statement index that is the loop's variable, the loop's first and last values)
+    where ``run_over_quotients`` applies to ``n``: one pointwise assignment, the loop's variable one
+    of its indices, read only at that index itself or at ``index / d`` (plus a constant), with
+    constant bounds whose first value ``d`` divides and at least one whole group."""
+    if n.step != 1 or n.hoist or n.unroll or len(n.body) != 1 or not isinstance(n.body[0], LCall):
+        return None
+    if not (isinstance(n.init, LInt) and isinstance(n.cond, LOp) and n.cond.op in ("<=", "<")
+            and n.cond.args[0] == LVar(n.var) and isinstance(n.cond.args[1], LInt)):
+        return None
+    lo, hi = n.init.value, n.cond.args[1].value - (n.cond.op == "<")
+    call = n.body[0]
+    st = f.scop.stmt(call.stmt)
+    if st.kind != "update":
+        return None
+    s = f.scop.tc_statement(st.name)
+    moving = [i for i, a in enumerate(call.args) if n.var in expr_vars(a)]
+    if s.op != "=" or s.scatter is not None or len(moving) != 1 or call.args[moving[0]] != LVar(n.var):
+        return None
+    k = moving[0]
+    index = Var(st.indices[k], "index")
+    dens: set[int] = set()
+    for r in read_tuple(s.rhs):
+        for sub in r.subs:
+            if not isinstance(sub, Sym):
+                return None
+            for atom, _ in sub.terms:
+                if isinstance(atom, Var) or index not in Sym(((atom, 1),)).free_vars():
+                    continue
+                if not isinstance(atom, FloorDiv) or atom.num.terms != ((index, 1),):
+                    return None  # (a remainder, a min or max, a quotient of more than the index)
+                dens.add(atom.den)
+    if len(dens) != 1:
+        return None
+    (d,) = dens
+    if d < 2 or lo % d or hi - lo + 1 < d:
+        return None
+    return d, k, lo, hi
 
 
 def _interleaved(rt: LTile, f: Facts) -> LFor | None:
@@ -786,6 +865,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("accumulate", accumulate),
     ("hoist", hoist_reads),
     ("vectorise", vectorise),
+    ("quotient", run_over_quotients),
     ("pack", pack_panels),
     ("fuse", fuse_pieces),
     ("siblings", fuse_siblings),
