@@ -460,7 +460,12 @@ class Kernel:
     def _tensor_runner(self, layout: tuple) -> Callable[[Sequence[Any]], Any] | None:
         """``_hot_tensor_runner`` by the tensors' layout key (``_tensor_key``)."""
         got = self._tensor_layouts.get(layout)
-        return got[1] if got is not None and self._hot_hit(got[0]) is not None else None
+        if got is None:
+            return None
+        hit = self._hot.get(got[0])  # (_hot_hit, inline: a repeated call's path)
+        if hit is None or hit[1] is not self.options or hit[2] != self.backend or hit[3] != _call_env():
+            return None
+        return got[1]
 
     def _hot_hit(self, layout: tuple) -> tuple | None:
         hit = self._hot.get(layout)
