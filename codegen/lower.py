@@ -440,7 +440,8 @@ def _interleaved(rt: LTile, f: Facts) -> LFor | None:
     st = f.scop.stmt(rt.call.stmt)
     s: Statement = f.scop.tc_statement(st.name)
     args = dict(zip(st.indices, rt.call.args))
-    w = next((i for i, a in args.items() if a == LVar(inner.var)), None)
+    along = [i for i, a in args.items() if inner.var in expr_vars(a)]  # (the tile's start plus ``inner``)
+    w = along[0] if len(along) == 1 and vectile.plus_var(args[along[0]], inner.var) else None
     k = next((i for i, a in args.items() if a == LVar(last.var)), None)
     if w is None or k is None:
         return None

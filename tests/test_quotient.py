@@ -12,7 +12,9 @@ import pytest
 from targets import runnable
 
 import tcdsl as tc
+from tcdsl.autodiff import backward_of
 from tcdsl.codegen import lower
+from tcdsl.polyhedral.loopir import LTile, walk
 
 TARGET_NAMES = [n for n in ("avx512", "avx2", "sse2", "generic", "neon") if runnable(n)]
 
@@ -95,3 +97,34 @@ def test_loops_that_read_otherwise_are_left_alone() -> None:
 def test_the_pass_is_listed_in_order() -> None:
     names = [n for n, _ in lower.PASSES]
     assert names.index("vectorise") < names.index("quotient") < names.index("split")
+
+
+MAXPOOL = """def maxpool(float(N,C,H,W) I) -> (O) {
+  O(n,c,h,w) max=! I(n,c,2*h + r_kh,2*w + r_kw) where r_kh in 0:2, r_kw in 0:2
+}"""
+
+
+@pytest.mark.parametrize("W", [46, 45, 36])
+def test_the_maxpool_gradient_counts_ties_with_the_window_inside_its_vectors(W: int) -> None:
+    """The max-pooling gradient (derived): its count of ties is a register tile whose window column
+    loop runs inside the vectorised loop (both columns of a window read in one iteration), and its
+    ``d_I`` nest runs over the pooled columns. Ties share the gradient, as numpy's reference says."""
+    k = tc.define(MAXPOOL)
+    bw = tc.define(backward_of(k).source)
+    rng = np.random.default_rng(W)
+    I = rng.integers(0, 4, (2, 3, 6, W)).astype(np.float32)  # small integers: ties
+    O = k(I)
+    G = rng.random(O.shape).astype(np.float32)
+    got = bw(I, O, G)
+    ho, wo = O.shape[2:]
+    window = I[:, :, :2 * ho, :2 * wo].reshape(2, 3, ho, 2, wo, 2)
+    hit = window == O[:, :, :, None, :, None]
+    share = G / hit.sum(axis=(3, 5))
+    want = np.zeros_like(I)
+    want[:, :, :2 * ho, :2 * wo] = np.where(hit, share[:, :, :, None, :, None], 0).reshape(2, 3, 2 * ho, 2 * wo)
+    np.testing.assert_allclose(got, want, rtol=2 * np.finfo(np.float32).eps, atol=0)
+    low = bw.lowered(I, O, G)
+    steps = dict(low.passes)
+    tiles = [n for n in walk(steps["vectorise"].body) if isinstance(n, LTile)]
+    assert tiles and all(t.inside for t in tiles), str(steps["vectorise"])
+    assert str(steps["quotient"]) != str(steps["vectorise"])
