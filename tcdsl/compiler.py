@@ -291,10 +291,7 @@ class CKernel:
 
             def run1(inputs: Sequence[Any]) -> Any:
                 o = make()
-                try:
-                    err, rec = errors.record
-                except AttributeError:  # this thread's first call
-                    err, rec = _error_record(errors)
+                err, rec = getattr(errors, "record", None) or _error_record(errors)  # (made on a thread's first call)
                 if fn(at(id(inputs[0]) + h).value, at(id(o) + h).value, rec):
                     raise _failed(err, error)
                 return o
@@ -302,10 +299,7 @@ class CKernel:
 
         def run(inputs: Sequence[Any]) -> Any:
             o = make()
-            try:
-                err, rec = errors.record
-            except AttributeError:  # this thread's first call
-                err, rec = _error_record(errors)
+            err, rec = getattr(errors, "record", None) or _error_record(errors)
             if fn(*map(address, inputs), data_address(o), rec):
                 raise _failed(err, error)
             return o if wrap is None else wrap(o)
