@@ -991,7 +991,7 @@ class _Emitter(Facts):
             return env[a.name]
         if isinstance(a, FloorDiv):
             if len(a.num.terms) == 1 and a.num.terms[0][1] == 1 and isinstance(a.num.terms[0][0], Var):
-                group = self.quotients.get(env[a.num.terms[0][0].name])
+                group = self.quotients.get(env.get(a.num.terms[0][0].name, ""))
                 if group is not None and group[0] == a.den:  # (d*q + r + c) / d = q + (r + c) / d, exactly
                     d, q, r = group
                     extra = (r + a.num.const) // d
