@@ -1028,7 +1028,13 @@ class _Emitter(Facts):
         if isinstance(e, Unop):
             return f"(!{self._expr(e.arg, env, s)})" if e.op == "!" else f"(({ct})-{self._expr(e.arg, env, s)})"
         if isinstance(e, Select):
-            return f"({self._expr(e.cond, env, s)} ? {self._expr(e.then, env, s)} : {self._expr(e.other, env, s)})"
+            cond, then, other = (self._expr(x, env, s) for x in (e.cond, e.then, e.other))
+            if self.TARGET == "c" and self._loads_anyway(e, s):
+                # both values computed before the choice: loads the compiler cannot prove safe stay
+                # loads and a blend, not masked loads or a branch (a pooling gradient's share)
+                return (f"({{ const {ct} tc_then = {then}; const {ct} tc_else = {other}; "
+                        f"({cond}) ? tc_then : tc_else; }})")
+            return f"({cond} ? {then} : {other})"
         if isinstance(e, Binop):
             a, b = self._expr(e.lhs, env, s), self._expr(e.rhs, env, s)
             if e.op in ("/", "%") and T.is_int(e.lhs.dtype):
@@ -1052,6 +1058,11 @@ class _Emitter(Facts):
         if isinstance(e, Call):
             return self._builtin(e, [self._expr(x, env, s) for x in e.args])
         raise TypeError(e)
+
+    def _loads_anyway(self, e: Select, s: Statement) -> bool:
+        """Whether a choice reads a tensor in a branch and both branches are pure (``_pure``): then
+        evaluating both cannot fail or leave a tensor."""
+        return bool(reads(e.then) or reads(e.other)) and self._pure(e.then, s) and self._pure(e.other, s)
 
     def _pure(self, e: TExpr, s: Statement) -> bool:
         """No check can fail while evaluating ``e``: no gather, no conditional read that may leave

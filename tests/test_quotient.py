@@ -1,7 +1,9 @@
-"""codegen.lower.run_over_quotients: pointwise loops that read at ``v / d`` run over the quotient,
-the ``d`` remainders written out, and the C emitter prints those reads at the quotient. Each
-kernel is checked element by element against numpy on every target this machine runs, with
-sizes that leave iterations after the last whole group, and against the loops it must leave alone."""
+"""How a pooling gradient's nests lower: codegen.lower.run_over_quotients (pointwise loops that
+read at ``v / d`` run over the quotient, the ``d`` remainders written out, and the C emitter prints
+those reads at the quotient), the tie count's window inside its vectors, and choices whose branches
+read tensors computed before the choice. Each kernel is checked element by element against numpy,
+with sizes that leave iterations after the last whole group, and against the loops and choices each
+must leave alone."""
 
 from __future__ import annotations
 
@@ -128,3 +130,22 @@ def test_the_maxpool_gradient_counts_ties_with_the_window_inside_its_vectors(W: 
     tiles = [n for n in walk(steps["vectorise"].body) if isinstance(n, LTile)]
     assert tiles and all(t.inside for t in tiles), str(steps["vectorise"])
     assert str(steps["quotient"]) != str(steps["vectorise"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_choice_between_reads_that_cannot_fail_reads_both_first(dtype: str) -> None:
+    """A choice whose branches read in range everywhere is printed with both values computed first
+    (loads and a blend); the value of the branch not taken (a NaN, an infinity) never shows. A
+    branch whose read may leave its tensor keeps the plain choice, and that read is never made
+    where it would fail."""
+    k = tc.define(f"def pick({dtype}(N) X, {dtype}(N) A, {dtype}(N) B) -> (Y) {{\n"
+                  "  Y(i) = X(i) > 0.0 ? A(i) : B(i) * 2.0\n}")
+    rng = np.random.default_rng(3)
+    X, A, B = (rng.random(37) - 0.5).astype(dtype), rng.random(37).astype(dtype), rng.random(37).astype(dtype)
+    A[X <= 0] = np.nan
+    B[X > 0] = np.inf
+    np.testing.assert_array_equal(k(X, A, B), np.where(X > 0, A, B * 2))
+    assert "tc_then" in k.source(X, A, B)
+    shift = tc.define(f"def nxt({dtype}(N) X) -> (Y) {{ Y(i) = i < N - 1 ? X(i + 1) : 0.0 where i in 0:N }}")
+    np.testing.assert_array_equal(shift(X), np.append(X[1:], 0))
+    assert "tc_then" not in shift.source(X)
