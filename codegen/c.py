@@ -1060,8 +1060,11 @@ class _Emitter(Facts):
         raise TypeError(e)
 
     def _loads_anyway(self, e: Select, s: Statement) -> bool:
-        """Whether a choice reads a tensor in a branch and both branches are pure (``_pure``): then
-        evaluating both cannot fail or leave a tensor."""
+        """Whether a choice reads a tensor in a branch and both branches are small, hold no choice
+        and are pure (``_pure``): then evaluating both cannot fail or leave a tensor, and costs
+        little. (A nest of choices keeps the plain form, and is looked at in constant time.)"""
+        if not (_small(e.then) and _small(e.other)):
+            return False
         return bool(reads(e.then) or reads(e.other)) and self._pure(e.then, s) and self._pure(e.other, s)
 
     def _pure(self, e: TExpr, s: Statement) -> bool:
@@ -1184,6 +1187,23 @@ def _schedule(n: LFor) -> str:
         m = trip_count(inner)
         trips = None if m is None else trips * m
     return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
+
+
+SMALL_BRANCH = 32  # nodes: the largest branch a choice computes before it chooses (_loads_anyway)
+
+
+def _small(e: TExpr) -> bool:
+    """``e`` has at most SMALL_BRANCH nodes and no choice."""
+    todo, seen = [e], 0
+    while todo:
+        x = todo.pop()
+        seen += 1
+        if seen > SMALL_BRANCH or isinstance(x, Select):
+            return False
+        todo.extend(operands(x))
+        if isinstance(x, Read):
+            todo.extend(sub for sub in x.subs if isinstance(sub, TExpr))
+    return True
 
 
 def _group_of(e: LExpr) -> tuple[int, str, int] | None:
