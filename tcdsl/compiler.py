@@ -25,6 +25,7 @@ import islpy as isl
 import numpy as np
 
 from .codegen import c as cgen
+from .codegen import entry as centry
 from .codegen import gpu as gpu_cgen
 from .codegen import gpulower as gpu_passes
 from .codegen import lower as cpu_passes
@@ -161,6 +162,15 @@ def keep_heap() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES) and mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES))
 
 
+def library_text(low: Lowered) -> str:
+    """The C text of ``low``'s library: its kernel and, in CPython, the entry a repeated call runs
+    on the arrays' objects (``codegen.entry``)."""
+    n = len(low.source.params)
+    if _HEADER is None or not n:
+        return low.source.text
+    return low.source.text + centry.object_entry(low.source.name, n, _HEADER)
+
+
 class CKernel:
     """A compiled C kernel for one instance, options and stride signature."""
 
@@ -168,12 +178,19 @@ class CKernel:
         keep_heap()
         self.low = low
         self.inst = low.scop.inst
-        lib, symbol, path = toolchain.kernel_library(low.source.text, f"tc_{self.inst.checked.name}",
-                                                     entry=low.source.name)
+        n = len(low.source.params)
+        text = library_text(low)
+        lib, symbol, path = toolchain.kernel_library(text, f"tc_{self.inst.checked.name}", entry=low.source.name)
         fn = getattr(lib, symbol)
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * (len(low.source.params) + 1)
+        fn.argtypes = [ctypes.c_void_p] * (n + 1)
         self.fn = fn
+        self._objects: Any = None  # (the entry on objects, its error record's reader), or None
+        if text is not low.source.text and hasattr(lib, f"{symbol}_objects") and hasattr(lib, f"{symbol}_failure"):
+            objects, failure = getattr(lib, f"{symbol}_objects"), getattr(lib, f"{symbol}_failure")
+            objects.restype, objects.argtypes = ctypes.c_int, [ctypes.c_void_p] * n
+            failure.restype, failure.argtypes = None, [ctypes.c_void_p]
+            self._objects = (objects, failure)
         self.path = path
         self.unwritten_ok = {t.name for t in (*self.inst.checked.outputs, *self.inst.checked.temps)
                              if fully_written(self.inst, t.name)}  # every element written: no zeroing
@@ -286,14 +303,22 @@ class CKernel:
                 return made[0] if len(made) == 1 else tuple(made)
             return general
         fn, errors, error, make = self.fn, self._errors, self._error, self._makers[0][1]
-        h, at = _HEADER, _pointer_at
-        if address is data_address and h is not None and n == 1:  # an ndarray's address read inline
+        if address is data_address and wrap is None and self._objects is not None:  # ndarrays: the entry on their objects
+            objects, failure = self._objects
+
+            def run_objects(inputs: Sequence[Any]) -> Any:
+                o = make()
+                if objects(*map(id, inputs), id(o)):
+                    raise _failure(failure, error)
+                return o
+
+            if n != 1:
+                return run_objects
 
             def run1(inputs: Sequence[Any]) -> Any:
                 o = make()
-                err, rec = getattr(errors, "record", None) or _error_record(errors)  # (made on a thread's first call)
-                if fn(at(id(inputs[0]) + h).value, at(id(o) + h).value, rec):
-                    raise _failed(err, error)
+                if objects(id(inputs[0]), id(o)):
+                    raise _failure(failure, error)
                 return o
             return run1
 
@@ -356,6 +381,14 @@ def _failed(err: np.ndarray, error: Callable[[int, int], TcRuntimeError]) -> TcR
     code, value = int(err[0]), int(err[1])
     err[:] = 0
     return error(code, value)
+
+
+def _failure(failure: Callable[[int], None], error: Callable[[int, int], TcRuntimeError]) -> TcRuntimeError:
+    """The error a call through a kernel's entry on objects failed with, from its thread's record
+    in the library (``failure`` copies it out and clears it)."""
+    err = np.zeros(2, dtype=np.int64)
+    failure(data_address(err))
+    return error(int(err[0]), int(err[1]))
 
 
 def _output(shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> np.ndarray:

@@ -28,6 +28,7 @@ import tcdsl as tc
 from tcdsl import TcCompileError
 from tcdsl.codegen import diskcache, pch, toolchain
 from tcdsl.codegen.diskcache import TcCacheWarning
+from tcdsl.compiler import library_text
 
 MATMUL = "def matmul(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) }"
 SCALED = "def scaled(float(M, K) A, float(K, N) B) -> (C) { C(m, n) +=! A(m, r_k) * B(r_k, n) * 3 }"
@@ -54,7 +55,7 @@ def entry(k: tc.Kernel, *args: np.ndarray) -> tuple[Path, str]:
     """The cache path and entry symbol tcdsl uses for ``k`` on ``args`` (computed, nothing built)."""
     low = k.lowered(*args)
     stem = f"tc_{low.scop.inst.checked.name}"
-    key = toolchain.library_key(low.source.text, stem, low.source.name)
+    key = toolchain.library_key(library_text(low), stem, low.source.name)
     name = f"{toolchain.file_stem(stem)}-{key}.so"
     return diskcache.private_dir(Path(os.environ["TCDSL_CACHE_DIR"]), "c") / name, toolchain.entry_symbol(key)
 
@@ -198,7 +199,7 @@ def test_each_library_has_its_own_entry_symbol(cache: Path):
     (pk, sym_k), (ps, sym_s) = entry(k, A, B), entry(s, A, B)
     assert pk != ps and sym_k != sym_s
     assert k.compiled(A, B).fn.__name__ == sym_k
-    lib_k = toolchain.load(toolchain.built(k.lowered(A, B).source.text, "tc_matmul", "tc_kernel"))
+    lib_k = toolchain.load(toolchain.built(library_text(k.lowered(A, B)), "tc_matmul", "tc_kernel"))
     assert hasattr(lib_k, sym_k) and not hasattr(lib_k, sym_s) and not hasattr(lib_k, "tc_kernel")
 
 
@@ -223,8 +224,8 @@ def test_the_in_process_cache_keys_on_content_not_path(cache: Path):
     """Two libraries loaded under one path: each call gets its own (the loader matches by name, so a
     reused name must never hand back the earlier library)."""
     A, B = inputs()
-    bk = toolchain.built(tc.define(MATMUL).lowered(A, B).source.text, "tc_matmul", "tc_kernel")
-    bs = toolchain.built(tc.define(SCALED).lowered(A, B).source.text, "tc_scaled", "tc_kernel")
+    bk = toolchain.built(library_text(tc.define(MATMUL).lowered(A, B)), "tc_matmul", "tc_kernel")
+    bs = toolchain.built(library_text(tc.define(SCALED).lowered(A, B)), "tc_scaled", "tc_kernel")
     same_path = toolchain.Built(bk.path, bs.symbol, bs.data, bs.sha256)
     assert hasattr(toolchain.load(bk), bk.symbol)
     assert hasattr(toolchain.load(same_path), bs.symbol)
