@@ -303,7 +303,7 @@ class CKernel:
                 return made[0] if len(made) == 1 else tuple(made)
             return general
         fn, errors, error, make = self.fn, self._errors, self._error, self._makers[0][1]
-        if address is data_address and wrap is None and self._objects is not None:  # ndarrays: the entry on their objects
+        if address is data_address and wrap is None and self._objects is not None:  # ndarrays: the entry on objects
             objects, failure = self._objects
 
             def run_objects(inputs: Sequence[Any]) -> Any:
