@@ -8,7 +8,7 @@ never raise (an exception there crashes isl), so errors are stashed and re-raise
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import islpy as isl
@@ -36,7 +36,34 @@ _OPS = {
 }
 
 
-def loop_annotator(deps: isl.UnionMap, notes: list[str],
+class Witness:
+    """One dependence a loop carries, as ``S1[0, 3] -> S1[0, 4]`` (or "a dependence"): a pair of
+    statement instances isl samples when the text is first asked for (printing the loop IR, or
+    ``explain``). Finding it costs more than the test that the loop carries one, and most
+    compiles never print it."""
+
+    __slots__ = ("_deps", "_schedule", "_depth", "_text")
+
+    def __init__(self, deps: isl.UnionMap, schedule: isl.UnionMap, depth: int) -> None:
+        self._deps, self._schedule, self._depth = deps, schedule, depth
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = _witness(self._deps, self._schedule, self._depth)
+        return self._text
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == str(other) if isinstance(other, (Witness, str)) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+def loop_annotator(deps: isl.UnionMap, notes: list[Witness],
                    errors: list[BaseException]) -> Callable[[isl.AstBuild], isl.Id]:
     """isl's before-each-for callback: annotates each loop "par", or "seq<k>" with the witness of a
     dependence it carries in ``notes[k]``; errors go to ``errors`` (re-raise them after the build)."""
@@ -56,7 +83,7 @@ def loop_annotator(deps: isl.UnionMap, notes: list[str],
 
 def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: MappingOptions) -> LoopIR:
     errors: list[BaseException] = []
-    notes: list[str] = []
+    notes: list[Witness] = []
     ab = isl.AstBuild.from_context(context)
     ab, _handle = ab.set_before_each_for(loop_annotator(deps, notes, errors))
     root = ab.node_from_schedule(sched)
@@ -66,9 +93,8 @@ def build(sched: isl.Schedule, context: isl.Set, deps: isl.UnionMap, options: Ma
     return LoopIR(tuple(_mark(body, options, omp_allowed=options.openmp, depth=0)))
 
 
-def _carried(b: isl.AstBuild, deps: isl.UnionMap) -> str | None:
-    """None if the loop being built carries no dependence; else one carried dependence as text
-    (a concrete pair of statement instances from isl, the witness)."""
+def _carried(b: isl.AstBuild, deps: isl.UnionMap) -> Witness | None:
+    """None if the loop being built carries no dependence; else the witness of one it carries."""
     s = b.get_schedule()
     n = b.get_schedule_space().dim(isl.dim_type.set)
     m = deps.apply_domain(s).apply_range(s)
@@ -82,6 +108,12 @@ def _carried(b: isl.AstBuild, deps: isl.UnionMap) -> str | None:
     lo, hi = d.dim_min_val(n - 1), d.dim_max_val(n - 1)
     if lo.is_zero() and hi.is_zero():
         return None
+    return Witness(deps, s, n)
+
+
+def _witness(deps: isl.UnionMap, s: isl.UnionMap, n: int) -> str:
+    """A pair of instances in ``deps`` that the ``n``-th dimension of schedule ``s`` runs in
+    different iterations of the same outer ones, as text."""
     flat = _flatten_range(s)
     eq = " and ".join(f"a{i} = b{i}" for i in range(n - 1))
     carried = isl.UnionMap(f"{{ [{', '.join(f'a{i}' for i in range(n))}] -> [{', '.join(f'b{i}' for i in range(n))}] : "
@@ -117,7 +149,7 @@ def _pair_text(point: isl.Point) -> str:
 # ---- isl AST -> loop IR -----------------------------------------------------------------------
 
 
-def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
+def _node(n: isl.AstNode, notes: Sequence[Witness | str]) -> list[LNode]:
     t = n.get_type()
     if t == isl.ast_node_type.block:
         lst = n.block_get_children()

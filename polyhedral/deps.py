@@ -25,6 +25,7 @@ class Deps:
     flow: isl.UnionMap = field(compare=False)
     false: isl.UnionMap = field(compare=False)
     reduction: isl.UnionMap = field(compare=False)
+    general: Deps | None = field(default=None, compare=False)  # those of ``Scop.general``, where there is one
 
     @property
     def validity(self) -> isl.UnionMap:
@@ -39,6 +40,14 @@ class Deps:
 
 
 def dependences(scop: Scop) -> Deps:
+    """The scop's dependences. A scop fixed to a call's sizes takes those of its general model (which
+    the scheduler needs anyway) at these sizes: dataflow is exact for each value of the sizes, and
+    the fixed model is the general one with the sizes' values as constraints."""
+    if scop.general is not None:
+        g = dependences(scop.general)
+        fixed = scop.context
+        return Deps(g.flow.intersect_params(fixed).coalesce(), g.false.intersect_params(fixed).coalesce(),
+                    g.reduction.intersect_params(fixed).coalesce(), g)
     updates = [st for st in scop.stmts if st.kind == "update" and scop.tc_statement(st.name).op != "="]
     red = statements_in(scop.domain, [st.name for st in updates])
     plain = scop.domain.subtract(red)

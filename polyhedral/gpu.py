@@ -202,7 +202,7 @@ def build_ast(sched: isl.Schedule, scop: Scop, deps: Deps) -> tuple[list[LNode],
     """Loop IR of ``sched`` with its marks kept; each call names its site: the map from the
     statement's instances to the values of the loops around the call, outermost first."""
     errors: list[BaseException] = []
-    notes: list[str] = []
+    notes: list[astgen.Witness] = []
     sites: list[isl.Map] = []
 
     def at_domain(node: isl.AstNode, b: isl.AstBuild) -> isl.AstNode:
@@ -222,7 +222,7 @@ def build_ast(sched: isl.Schedule, scop: Scop, deps: Deps) -> tuple[list[LNode],
     return _node(root, notes), sites
 
 
-def _node(n: isl.AstNode, notes: list[str]) -> list[LNode]:
+def _node(n: isl.AstNode, notes: list[astgen.Witness]) -> list[LNode]:
     t = n.get_type()
     if t == isl.ast_node_type.mark:
         return [LMark(n.mark_get_id().get_name(), tuple(_node(n.mark_get_node(), notes)))]

@@ -51,7 +51,7 @@ class LFor(LNode):
     parallel: bool = False  # no dependence is carried by this loop
     omp: bool = False  # run it with `omp parallel for`
     simd: bool = False  # innermost and parallel: vectorise it
-    note: str = ""  # for a loop that carries a dependence: one dependence it carries (a witness)
+    note: object = ""  # for a loop that carries a dependence: one dependence it carries (its text: str(note))
     mapped: str = ""  # GPU: "block" or "thread" when the loop's iterations are spread over ids
     dim: int = 0  # GPU: the grid or block dimension (0 is x)
     count: int = 0  # GPU: how many blocks or threads share the iterations (cyclically)

@@ -62,7 +62,7 @@ def compute(scop: Scop, deps: Deps, options: MappingOptions) -> isl.Schedule:
                 isl.MultiUnionPwAff.from_union_map(scop.order))
         check_legal(sched, deps)
         return sched
-    tree = compute(general, dependences(general), options)
+    tree = compute(general, deps.general or dependences(general), options)
     sched = None
     if _shifts_by_sizes(tree) and _instances(scop) >= SIZED_MIN_INSTANCES:
         sched = _isl_schedule(scop, deps, options, SIZED_BUDGET, SIZED_LIMIT_S)
