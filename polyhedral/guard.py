@@ -10,6 +10,7 @@ Where ``fork`` is unavailable or fails, the search runs in this process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -42,6 +43,7 @@ def run(search: Callable[[], isl.Schedule | None], ctx: isl.Context, limit_s: fl
             os.close(r)
             sched = search()
             _write_all(w, _NONE if sched is None else str(sched).encode())
+            os.close(w)  # the parent reads on at once: leaving the process takes it milliseconds more
         except BaseException:  # noqa: BLE001 (anything: the parent sees a failed search)
             code = 1
         finally:
@@ -82,10 +84,25 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
 
 
+_exiting: list[int] = []  # children whose answer came and that are still leaving
+
+
 def _reap(pid: int, kill: bool) -> None:
+    """Wait for a killed child; collect one that answered if it has left, else later (at the next
+    search, or when this process exits)."""
     if kill:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    os.waitpid(pid, 0)
+        os.waitpid(pid, 0)
+        return
+    _exiting.append(pid)
+    for p in list(_exiting):
+        try:
+            done, _ = os.waitpid(p, os.WNOHANG)
+        except ChildProcessError:  # collected elsewhere
+            done = p
+        if done:
+            with contextlib.suppress(ValueError):  # another thread's search collected it first
+                _exiting.remove(p)

@@ -375,6 +375,23 @@ def test_schedule_search_in_a_child_gives_the_same_tree():
     assert guard.run(lambda: None, scop.domain.get_ctx(), 10.0) is None
 
 
+def test_schedule_search_children_are_all_collected():
+    """A child that answered is collected once it has left (at a later search), never left behind."""
+    scop, _ = _matmul_scop()
+    ctx = scop.domain.get_ctx()
+    seen: set[int] = set()
+    for _ in range(4):
+        assert guard.run(lambda: None, ctx, 10.0) is None
+        seen.update(guard._exiting)
+    time.sleep(1.0)
+    assert guard.run(lambda: None, ctx, 10.0) is None
+    earlier = seen - set(guard._exiting[-1:])
+    assert not earlier & set(guard._exiting)
+    for pid in earlier:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 def test_schedule_search_past_its_limit_is_stopped():
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError):
