@@ -669,13 +669,21 @@ class _Emitter(Facts):
             if vt is not None and vt.full:  # partial tiles take the scalar tile, where no case below fits
                 w.line("#if TC_VEC")
                 head = "if"
-                for test, case, shift, note in vectile.cases(vt):
-                    w.line(f"{head} ({' && '.join(_top(self._lexpr(x)) for x in test)}) {{{note}")
+                forms = vectile.cases(vt)
+                for k, (test, case, shift, note) in enumerate(forms):
+                    if vt.covers and k == len(forms) - 1:  # the one size left
+                        w.line(f"}} else {{{note}")
+                    else:
+                        w.line(f"{head} ({' && '.join(_top(self._lexpr(x)) for x in test)}) {{{note}")
                     with w.indent():
                         vectile.emit(self, case, rt.identity, shift, first)
                     head = "} else if"
-                w.line("} else")
-                w.line("#endif")
+                if vt.covers:  # the scalar tile only where the target's vectors are missing
+                    w.line("}")
+                    w.line("#else")
+                else:
+                    w.line("} else")
+                    w.line("#endif")
                 w.line("{")
                 w.push()
             elif vt is not None:
@@ -703,6 +711,8 @@ class _Emitter(Facts):
             if vt is not None and vt.full:
                 w.pop()
                 w.line("}")
+                if vt.covers:
+                    w.line("#endif")
             elif vt is not None:
                 w.line("#endif")
         w.line("}")

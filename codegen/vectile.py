@@ -126,6 +126,9 @@ class VectorTile:
     # reads along a sliding window of the loop around the tile (a conv's input rows ``h + kh`` along
     # ``h``): the loop, and the reads whose lines the next tile takes first (see _ahead)
     ahead: tuple[LFor, tuple[Read, ...]] | None = None
+    # the whole tile and ``rests`` cover every tile the loops around give (the row loop the only
+    # partial one, each of its sizes a vector tile): no scalar tile is needed beside them
+    covers: bool = False
 
     @property
     def width(self) -> int:
@@ -154,6 +157,8 @@ class VectorTile:
             text += f", {', '.join(self.rolled)} not unrolled"
         for cond, rest in self.rests:
             text += f"; when {expr_text(cond)}, {'x'.join(map(str, rest.rt.extents))}: {rest}"
+        if self.covers:
+            text += "; no other size"
         return text
 
 
@@ -223,9 +228,10 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
     shifted, shift_ok = shift or (None, None)
     if shift_ok is not None and len(full) > 1:  # the other tile loops whole
         shift_ok = LOp("&&", (*full[:-1], shift_ok))
-    rests = _rests(em, rt, omp_vars, loops)
+    rests, every = _rests(em, rt, omp_vars, loops)
+    covers = every and len(full) == 1 and shift is None and all(not r.full and r.shift is None for _, r in rests)
     return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half, rests,
-                      _rolled(em, rt, s, row), narrow, _ahead(em, rt, s, loops))
+                      _rolled(em, rt, s, row), narrow, _ahead(em, rt, s, loops), covers)
 
 
 def _ahead(em: Facts, rt: LTile, s: Statement, loops: tuple[LFor, ...]) -> tuple[LFor, tuple[Read, ...]] | None:
@@ -288,31 +294,33 @@ REST_SIZES = 2  # the most sizes of a tile cut short across its rows that take a
 
 
 def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str],
-           loops: tuple[LFor, ...]) -> tuple[tuple[LExpr, VectorTile], ...]:
+           loops: tuple[LFor, ...]) -> tuple[tuple[tuple[LExpr, VectorTile], ...], bool]:
     """The vector tiles of ``rt`` cut short along its one partial row loop, one per size the loops
     around it give that loop (at most REST_SIZES): the last 4 of 64 output channels in tiles of 6
     take a 4-row vector tile, not the scalar tile (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against
-    39 ms; in scalars, a tenth of the channels took most of the time)."""
+    39 ms; in scalars, a tenth of the channels took most of the time). And whether every size the
+    loops give is the whole tile's or one of these (enumerated from the loops' bounds: a superset
+    of the sizes a run meets)."""
     partial = [i for i, f in enumerate(rt.inner[:-1]) if trip_count(f) is None]
     if len(partial) != 1:
-        return ()
+        return (), False
     i = partial[0]
     f = rt.inner[i]
     cond = f.cond
     if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2 and isinstance(f.init, LInt)):
-        return ()
+        return (), False
     bound = cond.args[1]
     envs = loop_values(loops, expr_vars(bound))
     if envs is None:
-        return ()
+        return (), False
     last = {expr_value(bound, env) for env in envs}
     if None in last:
-        return ()
+        return (), False
     shift = 1 if cond.op == "<=" else 0
-    sizes = sorted({v + shift - f.init.value for v in last if v is not None} & set(range(1, rt.extents[i])),
-                   reverse=True)
+    met = {v + shift - f.init.value for v in last if v is not None}
+    sizes = sorted(met & set(range(1, rt.extents[i])), reverse=True)
     if not 0 < len(sizes) <= REST_SIZES:
-        return ()
+        return (), False
     out = []
     for k in sizes:
         cut = replace(f, cond=LOp(cond.op, (LVar(f.var), LInt(f.init.value + k - shift))))
@@ -321,7 +329,8 @@ def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str],
         vt = plan(em, sub, omp_vars, loops)
         if vt is not None:
             out.append((LOp("==", (bound, LInt(f.init.value + k - shift))), vt))
-    return tuple(out)
+    every = len(out) == len(sizes) and all(k >= 1 for k in met)
+    return tuple(out), every
 
 
 def _half_expr(e: TExpr) -> bool:

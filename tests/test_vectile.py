@@ -75,9 +75,10 @@ CASES = [
     # the reduction in chunks of a cache tile: the tiles start from zero in the first, load C in the others
     ("matmul-first-chunk", MATMUL, [(64, 300), (300, 64)], MappingOptions(tile=(0, 0, 128)), _mm,
      ("tc_vf_zero()", "tc_vf_load(&t2"), (300, _mm)),
-    # 6-row tiles of 100 rows: the last tile, 4 rows, takes a vector tile of its own
+    # 6-row tiles of 100 rows: the last tile, 4 rows, takes a vector tile of its own, the only
+    # other size there is (so the vector code has no scalar tile beside it)
     ("matmul-partial-row-tiles", MATMUL, [(100, 64), (64, 64)], None, _mm,
-     ("if (tc_lmin(", ") == 3", "// 4 rows"), (64, _mm)),
+     ("if (tc_lmin(", "} else {  // 4 rows"), (64, _mm)),
     ("matmul-partial-overlap", MATMUL, [(50, 300), (300, 85)], None, _mm,
      ("if (tc_lmin(",), (300, _mm)),
     # a row cut short (100 = 6 x 16 + 4 wide on AVX2; AVX-512's 64-wide tiles of 100), run as a whole
@@ -155,6 +156,28 @@ def test_fallback_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     case = CASES[0]
     got, src, args = _run(case)
     np.testing.assert_array_equal(_built_with(monkeypatch, tmp_path, "-DTC_VEC=0", case[1], args), got)
+
+
+@pytest.mark.parametrize("M", [100, 98, 64])
+def test_a_tile_whose_sizes_all_have_vector_forms_has_no_scalar_tile_beside_them(
+        M: int, target: cputarget.CpuTarget, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where the whole tile and its tiles of fewer rows cover every size the loops give (6-row tiles
+    of 100 or 98 rows; 64 rows: 4 left on 6-row tiles), the scalar tile is compiled only for a build
+    without the target's vectors; both builds give numpy's values."""
+    k = tc.define(MATMUL)
+    rng = np.random.default_rng(M)
+    A, B = (rng.random(s, dtype=np.float32) * 2 - 1 for s in [(M, 64), (64, 48)])
+    src = k.source(A, B)
+    passes = str(k.lowered(A, B).passes[-1][1])
+    got = k(A, B)
+    assert_close(got, _mm(A, B), terms=64, scale=abs_terms(_mm, np.abs(A), np.abs(B)))
+    if "no other size" not in passes:
+        assert "} else\n" in src  # a scalar tile takes the sizes left
+        return
+    vector, scalar = src.split("#if TC_VEC", 1)[1].split("#else", 1)
+    assert "acc[" not in vector and "acc[" in scalar.split("#endif", 1)[0]
+    without = _built_with(monkeypatch, tmp_path, "-DTC_VEC=0", MATMUL, [A, B])
+    assert_close(without, _mm(A, B), terms=64, scale=abs_terms(_mm, np.abs(A), np.abs(B)))
 
 
 def test_conv_tile_shape(target: cputarget.CpuTarget) -> None:
