@@ -13,6 +13,7 @@ import ctypes
 import functools
 import hashlib
 import itertools
+import math
 import os
 import platform
 import re
@@ -101,11 +102,20 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
     except (AttributeError, OSError):
         return proc.wait(timeout=timeout)
     try:
-        if not select.select([fd], [], [], timeout)[0]:
+        poll = select.poll()  # not select(): a descriptor past 1023 is refused there
+        poll.register(fd, select.POLLIN)
+        if not poll.poll(_poll_ms(timeout)):
             raise subprocess.TimeoutExpired(proc.args, timeout)
     finally:
         os.close(fd)
     return proc.wait()
+
+
+def _poll_ms(timeout: float) -> int | None:
+    """``timeout`` seconds as ``poll``'s milliseconds, rounded up (None: no limit)."""
+    if math.isinf(timeout) and timeout > 0:
+        return None
+    return max(0, math.ceil(timeout * 1000)) if math.isfinite(timeout) else 0
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

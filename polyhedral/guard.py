@@ -11,6 +11,7 @@ Where ``fork`` is unavailable or fails, the search runs in this process.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
@@ -75,8 +76,9 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        poll = select.poll()  # not select(): a descriptor past 1023 is refused there
+        poll.register(fd, select.POLLIN | select.POLLHUP)
+        if not poll.poll(None if math.isinf(left) else math.ceil(left * 1000)):
             return None
         chunk = os.read(fd, 1 << 16)
         if not chunk:

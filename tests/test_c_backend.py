@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import resource
 import re
 import stat
 import subprocess
@@ -390,6 +391,27 @@ def test_schedule_search_children_are_all_collected():
     for pid in earlier:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def test_searches_and_tools_wait_on_descriptors_past_1023():
+    """The scheduler's child and the C compiler are waited on through descriptors that may be
+    numbered past select()'s 1023 in a process holding many files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"the process may hold at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        scop, _ = _matmul_scop()
+        assert guard.run(lambda: None, scop.domain.get_ctx(), 10.0) is None
+        code, out, _ = toolchain.run_tool([sys.executable, "-c", "print(7)"], 60.0)
+        assert (code, out.strip()) == (0, "7")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_schedule_search_past_its_limit_is_stopped():
