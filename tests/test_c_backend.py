@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import resource
 import re
+import resource
 import stat
 import subprocess
 import sys
