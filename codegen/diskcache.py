@@ -251,22 +251,42 @@ def touch(path: Path) -> None:
         pass  # another process evicted it meanwhile: this one holds the verified bytes already
 
 
-def evict(d: Path, limit: int, keep: Path) -> list[str]:
+RESCAN_S = 60.0  # a process lists a cache directory again at most this often (others add to it too)
+_ledger: dict[str, tuple[float, int]] = {}  # directory -> (when this process listed it, bytes then + its own since)
+_ledger_lock = threading.Lock()
+
+
+def evict(d: Path, limit: int, keep: Path, added: int = 0) -> list[str]:
     """Remove the least recently used entries of ``d`` (each an entry file with its record and
     whatever shares its name up to the first dot: a kernel's library and C source) until the rest
-    hold at most ``limit`` bytes; never ``keep``'s entry (the one just built). ``limit`` 0: no limit.
-    Returns the names of the entries removed. Loaded libraries are copies (codegen.toolchain), so a
-    process using a kernel another process evicts keeps running it."""
+    hold at most ``limit`` bytes; never ``keep``'s entry (the one just built, ``added`` bytes).
+    ``limit`` 0: no limit. Returns the names of the entries removed. Loaded libraries are copies
+    (codegen.toolchain), so a process using a kernel another process evicts keeps running it.
+
+    Listing a directory of thousands of entries takes a good part of a second, so a process lists
+    it at most every RESCAN_S seconds: in between it adds what it builds to the total it last saw
+    and lists again only when that passes ``limit``. Other processes' builds count from the next
+    listing: the directory may run over by what they build within RESCAN_S."""
     if limit <= 0:
         return []
-    groups: dict[str, list[Path]] = {}
-    for f in d.iterdir():
-        if not f.name.startswith(".") and f.is_file():
-            groups.setdefault(f.name.split(".", 1)[0], []).append(f)
+    now = time.monotonic()
+    with _ledger_lock:
+        seen = _ledger.get(str(d))
+        if seen is not None and now - seen[0] < RESCAN_S and seen[1] + added <= limit:
+            _ledger[str(d)] = (seen[0], seen[1] + added)
+            return []
+    groups: dict[str, list[os.DirEntry[str]]] = {}
+    try:
+        with os.scandir(d) as entries:
+            for f in entries:
+                if not f.name.startswith(".") and f.is_file(follow_symlinks=False):
+                    groups.setdefault(f.name.split(".", 1)[0], []).append(f)
+    except OSError:
+        return []
     sized: list[tuple[float, str, int]] = []
     for name, files in groups.items():
         try:
-            stats = [f.stat() for f in files]
+            stats = [f.stat(follow_symlinks=False) for f in files]
         except OSError:
             continue  # removed meanwhile
         used = max((st.st_mtime for f, st in zip(files, stats) if f.name.endswith(RECORD_SUFFIX)),
@@ -281,11 +301,13 @@ def evict(d: Path, limit: int, keep: Path) -> list[str]:
             continue
         for f in groups[name]:
             try:
-                f.unlink()
+                os.unlink(f.path)
             except FileNotFoundError:
                 pass
         total -= size
         gone.append(name)
+    with _ledger_lock:
+        _ledger[str(d)] = (now, total)
     return gone
 
 

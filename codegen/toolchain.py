@@ -260,7 +260,7 @@ def built(source: str, stem: str, entry: str = "", rebuild: bool = False) -> Bui
             diskcache.touch(lib)
             return Built(lib, symbol, *hit)
     b = _compile(source, lib, key, entry, symbol)
-    diskcache.evict(out_dir, knobs.cache_max(), keep=lib)
+    diskcache.evict(out_dir, knobs.cache_max(), keep=lib, added=len(b.data) + len(source) + diskcache.RECORD_MAX)
     return b
 
 

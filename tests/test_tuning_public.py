@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tcdsl as tc
+from tcdsl.codegen import diskcache
 from tcdsl.core import knobs
 from tcdsl.core.errors import TcArgumentError
 from tcdsl.tuner import tune as T
@@ -124,3 +125,38 @@ def test_the_kernel_cache_keeps_the_most_recently_used_within_its_limit(fresh_ca
     assert stems == {"tc_a", "tc_c"}  # b, the least recently used, went
     assert sum(f.stat().st_size for f in d.iterdir()) <= knobs.cache_max()
     np.testing.assert_array_equal(tc.define("def b(float(N) X) -> (Y) { Y(i) = X(i) + 2 }")(x), x + 2)  # rebuilt
+
+
+def test_a_cache_directory_is_listed_again_only_when_it_may_have_passed_its_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build adds its bytes to the total the process last listed; the directory is listed again
+    (and its least recently used entries removed) when that total passes the limit, or RESCAN_S
+    after the last listing (other processes build into it too)."""
+    d = tmp_path / "c"
+    d.mkdir()
+
+    def entry(name: str, age: float) -> Path:
+        lib = d / f"{name}.so"
+        lib.write_bytes(b"x" * 1000)
+        diskcache.record_path(lib).write_bytes(b"r" * 24)
+        t = time.time() - age
+        os.utime(lib, (t, t))
+        os.utime(diskcache.record_path(lib), (t, t))
+        return lib
+
+    for k in range(3):
+        entry(f"k{k}", 100 - k)
+    listed: list[object] = []
+    real = os.scandir
+    monkeypatch.setattr(diskcache.os, "scandir", lambda p: listed.append(p) or real(p))
+    clock = [1000.0]
+    monkeypatch.setattr(diskcache.time, "monotonic", lambda: clock[0])
+    assert diskcache.evict(d, 5000, d / "k2.so") == [] and len(listed) == 1  # 3072 bytes
+    keep = entry("k3", 0)
+    assert diskcache.evict(d, 5000, keep, added=1024) == [] and len(listed) == 1  # 4096: not listed
+    entry("k4", 0)  # another process's build: counted at the next listing
+    clock[0] += diskcache.RESCAN_S
+    assert diskcache.evict(d, 5000, keep, added=0) == ["k0"] and len(listed) == 2  # 5120 bytes: the oldest goes
+    keep = entry("k5", 0)
+    assert diskcache.evict(d, 5000, keep, added=1024) == ["k1"] and len(listed) == 3  # over the limit: listed
+    assert sorted(f.name.split(".")[0] for f in d.iterdir()) == ["k2", "k2", "k3", "k3", "k4", "k4", "k5", "k5"]
