@@ -56,6 +56,7 @@ from tcdsl.polyhedral.loopir import (
     trip_bound,
     trip_count,
     walk,
+    walk_paths,
 )
 from tcdsl.polyhedral.scatter import ATOMIC_DTYPES
 from tcdsl.polyhedral.scop import Scop
@@ -400,9 +401,10 @@ class _Emitter(Facts):
         """The panels of ``p`` copied into this thread's part of its buffer (``_pack_buffers``),
         then its body, whose vector tile reads them (codegen.vectile.vexpr) instead of the tensor."""
         w = self.w
-        tile = next(x for x in walk(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
-                    and tuple(g.var for g in x.serial) == p.serial and p.call in (None, x.call))
-        panel = [x for x in walk(p.body) if isinstance(x, LFor) and x.var == p.panel][:1]
+        tile, above = next((x, up) for x, up in walk_paths(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
+                           and tuple(g.var for g in x.serial) == p.serial and p.call in (None, x.call))
+        # the loop around the tile that moves along the panels (another piece may name a loop alike)
+        panel = [x for x in reversed(above) if isinstance(x, LFor) and x.var == p.panel][:1]
         st = self.scop.stmt(p.stmt)
         s = self.scop.tc_statement(st.name)
         r = reads(s.rhs)[p.read]

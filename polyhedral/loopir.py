@@ -250,6 +250,25 @@ def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
             yield from walk(n.other)
 
 
+def walk_paths(nodes: tuple[LNode, ...], above: tuple[LNode, ...] = ()) -> Iterator[tuple[LNode, tuple[LNode, ...]]]:
+    """``walk``'s nodes, each with the nodes around it (outermost first): loop names repeat across
+    the pieces of a body, so a loop around a node is found among these, not by name in the body."""
+    for n in nodes:
+        yield n, above
+        inner = (*above, n)
+        if isinstance(n, (LFor, LMark, LCopy, LPack)):
+            yield from walk_paths(n.body, inner)
+        elif isinstance(n, LTile):
+            yield from walk_paths((n.loop,), inner)
+        elif isinstance(n, LTranspose):
+            yield from walk_paths((n.outer,), inner)
+        elif isinstance(n, (LAccum, LHold)):
+            yield from walk_paths((n.loop,), inner)
+        elif isinstance(n, LIf):
+            yield from walk_paths(n.then, inner)
+            yield from walk_paths(n.other, inner)
+
+
 def work(nodes: tuple[LNode, ...]) -> float:
     """Statement instances a body runs, through the constant bounds of its loops (inf where a
     loop has none)."""

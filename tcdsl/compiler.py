@@ -36,7 +36,7 @@ from .core import knobs
 from .core.errors import TcRuntimeError, TcScheduleError
 from .core.instance import Instance, fully_written
 from .core.options import MappingOptions
-from .polyhedral import astgen, gpu, schedule, transform
+from .polyhedral import astgen, gpu, schedule, transform, trim
 from .polyhedral.cputarget import CpuTarget
 from .polyhedral.deps import Deps, dependences
 from .polyhedral.gpu import SM90, GpuProgram, GpuTarget
@@ -111,7 +111,7 @@ def _lower(inst: Instance, options: MappingOptions, strides: dict[str, tuple[int
     scop = build_scop(scatters(inst))
     deps = dependences(scop)
     tree, options, why = schedule.with_default_fusion(scop, deps, options)
-    final = transform.transform(tree, scop, deps, options, target)
+    final = trim.run(transform.transform(tree, scop, deps, options, target))
     ir = astgen.build(final, scop.context, deps.all, options)
     vector_math = toolchain.has_vector_math()
     passes = cpu_passes.run(ir, Facts(scop, strides, target, options.vectorize, vector_math, options.unroll))

@@ -31,7 +31,7 @@ import tcdsl as tc
 from tcdsl import TcCompileError, TcRuntimeError, TcScheduleError
 from tcdsl.codegen import toolchain
 from tcdsl.options import FUSION, MappingOptions
-from tcdsl.polyhedral import guard, schedule
+from tcdsl.polyhedral import guard, schedule, trim
 from tcdsl.polyhedral.deps import dependences
 from tcdsl.polyhedral.loopir import LCall, LFor, LIf, LNode, walk
 from tcdsl.polyhedral.scop import build_scop
@@ -391,6 +391,56 @@ def test_schedule_search_children_are_all_collected():
     for pid in earlier:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+PADDED = """def convp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+}"""
+
+
+def _padded_conv(I: np.ndarray, W: np.ndarray) -> np.ndarray:
+    P = np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(P, (3, 3), axis=(2, 3))
+    return np.einsum("nchwkl,fckl->nfhw", win, W)
+
+
+@pytest.mark.cpu
+def test_constant_schedule_members_are_dropped_and_the_loops_stay():
+    """Tile members that cover their whole range (a batch of 32 in tiles of 32) leave no schedule
+    dimension behind: the kernel's C is the same, its loops renamed."""
+    k = tc.define("def pool(float(N,C,H,W) I) -> (O) { O(n,c,h,w) max=! I(n,c,2*h + r_i,2*w + r_j) "
+                  "where r_i in 0:2, r_j in 0:2 }")
+    I = np.random.default_rng(0).standard_normal((32, 16, 12, 12), dtype=np.float32)
+    low = k.lowered(I)
+    kept = trim.run
+    try:
+        trim.run = lambda s: s
+        untrimmed = k.lowered(I)
+    finally:
+        trim.run = kept
+    dims = [low.final.get_map(), untrimmed.final.get_map()]
+    assert all(schedule.respects(low.deps.validity, m) for m in dims)
+    spaces: list[int] = []
+    dims[0].foreach_map(lambda m: spaces.append(m.dim(isl.dim_type.out)))
+    before: list[int] = []
+    dims[1].foreach_map(lambda m: before.append(m.dim(isl.dim_type.out)))
+    assert max(spaces) < max(before)
+    def names(text: str) -> str:
+        return re.sub(r"\bc\d+\b", "c", text)
+    assert names(low.source.text) == names(untrimmed.source.text)
+    np.testing.assert_array_equal(k(I), I.reshape(32, 16, 6, 2, 6, 2).max(axis=(3, 5)))
+
+
+@pytest.mark.cpu
+def test_a_padded_convs_packed_panels_follow_the_loop_around_their_tile():
+    """The pieces of a padded conv name their loops alike; the pack of the weights copies along the
+    loop around its own tile (a loop of another piece, stepping by 1, overran the buffer)."""
+    rng = np.random.default_rng(3)
+    I = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+    W = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+    k = tc.define(PADDED)
+    assert "packed panels of W1" in k.source(I, W)
+    assert_sum_close(k(I, W), _padded_conv, I, W, terms=64 * 9)
 
 
 def test_searches_and_tools_wait_on_descriptors_past_1023():

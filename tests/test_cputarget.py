@@ -237,10 +237,10 @@ def test_conv_output_rows_take_bands_where_their_input_outgrows_l2() -> None:
         # after the passes: the parallel loop marked (below the notes of what is packed before it)
         return next(line for line in str(low.passes[-1][1]).split("\n") if not line.startswith("//"))
 
-    assert "c2 += 6)" in first_loop("avx2", 56) and "collapse(2)" in first_loop("avx2", 56)
-    assert "c0 += 1)" in first_loop("avx2", 46)  # the images outermost, whole
-    assert "c0 += 1)" in first_loop("avx512", 56)
-    assert "c0 += 1)" in first_loop("avx2", 56, channels=64)
+    assert re.search(r"c\d+ \+= 6\)", first_loop("avx2", 56)) and "collapse(2)" in first_loop("avx2", 56)
+    assert re.search(r"c\d+ \+= 1\)", first_loop("avx2", 46))  # the images outermost, whole
+    assert re.search(r"c\d+ \+= 1\)", first_loop("avx512", 56))
+    assert re.search(r"c\d+ \+= 1\)", first_loop("avx2", 56, channels=64))
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
@@ -255,8 +255,9 @@ def test_a_batch_of_one_takes_the_same_register_tile_as_a_batch(isa: str, monkey
 
     def tile(n: int) -> str:
         low = conv.lowered(np.zeros((n, 8, 12, 56), np.float32), W, target=t)
-        return next(line.strip().split(";")[0] for line in str(low.passes[-1][1]).split("\n")
+        line = next(line.strip().split(";")[0] for line in str(low.passes[-1][1]).split("\n")
                     if "register tile of" in line)
+        return re.sub(r"\bc\d+\b", "c", line)  # the loops' names follow the schedule's dimensions
 
     assert tile(1) == tile(3), (tile(1), tile(3))
     if isa not in runnable_of(isa):

@@ -99,8 +99,8 @@ def test_the_interior_is_tiled_as_an_unpadded_convolution() -> None:
     assert any("x38" in line for line in interior), interior  # whole 38-wide interior rows (w in 1..38)
     # the one-wide boundary columns run in one vector of the 16 filters x rows of the column, the
     # weights packed (polyhedral.transform.plan), not along the height gathered
-    assert any("x16 register tile" in line and "1x16 lanes per row along f" in line and "c5 not unrolled" in line
-               for line in interior), interior
+    assert any("x16 register tile" in line and "1x16 lanes per row along f" in line
+               and re.search(r"\bc\d+ not unrolled", line) for line in interior), interior
     assert not any("along h" in line for line in interior), interior
 
 
@@ -208,7 +208,7 @@ def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None
         # the columns' reductions vary along them (kw <= w): their packs hold the range they all
         # cover, not a gather of W1 per step
         packs = [line for line in str(low.passes[-1][1]).splitlines() if "// pack W1" in line]
-        assert sum("c6 in 0..1" in line for line in packs) == 2, packs
+        assert sum(bool(re.search(r"\bc\d+ in 0\.\.1, once", line)) for line in packs) == 2, packs  # the kw loop
 
 
 def _top_nests(text: str) -> list[str]:
