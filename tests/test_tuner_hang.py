@@ -32,7 +32,7 @@ from tcdsl.tuner.tune import TuneResult
 pytestmark = pytest.mark.cpu
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
-M, K, N = 24, 16, 20
+M, K, N = 72, 48, 60  # big enough that the candidates' tilings give code of their own
 SLACK_S = 3.0  # killing the workers and the final bookkeeping, past the deadline's grace
 MARK = "TCDSL_TEST_CC_MARK"  # in the environment of every process the tests' tuner starts
 
