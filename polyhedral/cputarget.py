@@ -19,6 +19,7 @@ import numpy as np
 from tcdsl.core.errors import TcArgumentError
 
 LINE, L1_WAYS = 64, 8  # bytes of a cache line; ways of an L1 data cache set
+SHARED_PACK_BYTES = 64 << 20  # an operand packed whole, once per call, may take this much memory
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,13 @@ class CpuTarget:
 
     @property
     def shared_pack_bytes(self) -> int:
-        """The largest operand codegen.lower packs whole, once per call for every thread (a quarter
-        of L3), rather than in blocks per thread."""
-        return self.l3 // 4
+        """The largest operand codegen.lower packs whole, once per call for every thread, rather
+        than in blocks per thread (each row block copying its panels again): SHARED_PACK_BYTES, or a
+        quarter of L3 where that is more. The bound is the copy's memory, not the cache: on Zen 1
+        (8 MiB L3, AVX2, 2 threads) whole copies larger than L3 still ran faster than per-thread
+        blocks, matmul 2048^3 (16 MiB of B) 59.5 -> 69 GFLOP/s and 256x4096x4096 (64 MiB) 41 -> 48;
+        1024^3 (4 MiB) 62 -> 73."""
+        return max(self.l3 // 4, SHARED_PACK_BYTES)
 
     @property
     def half_vectors(self) -> bool:
