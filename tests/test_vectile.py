@@ -1126,6 +1126,22 @@ def test_panels_too_large_for_a_thread_pack_whole(monkeypatch: pytest.MonkeyPatc
     assert_close(k(A, B, options=deep), _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
 
 
+@pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
+def test_an_operand_larger_than_a_quarter_of_l3_is_still_packed_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matmul's B larger than a quarter of the target's L3 (but within SHARED_PACK_BYTES) is
+    packed once per call, not again by every row block: the numbers of numpy."""
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    monkeypatch.setenv("TCDSL_CPU_CACHES", "l3=1M")  # a quarter of L3: 256 KiB
+    K, N = 160, 448  # B: 280 KiB
+    assert (1 << 20) // 4 < K * N * 4 <= cputarget.SHARED_PACK_BYTES
+    rng = np.random.default_rng(11)
+    A, B = ((rng.random(s) * 2 - 1).astype(np.float32) for s in ((400, K), (K, N)))
+    k = tc.define(MATMUL)
+    loops = str(k.lowered(A, B).passes[-1][1])
+    assert "pack B" in loops and "copied by all threads" in loops, loops
+    assert_close(k(A, B), _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
+
+
 WGRAD_SAME = """def wgrad(float(N,C,H,W) I, float(N,F,H,W) dO) -> (dW) {
     dW(f, c, kh, kw) +=! dO(r_n, f, r_h, r_w) * I(r_n, c, r_h + kh - 1, r_w + kw - 1) where kh in 0:3, kw in 0:3
 }"""
