@@ -5,8 +5,8 @@ For each vector element type (``tc_vf``: float32, ``tc_vd``: float64) the prelud
 type and ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma``, ``_max``, ``_min`` and ``_select``
 (by a lane mask); ``+ - * /`` are C operators on the vector types (GCC and clang vector
 extensions). ``tc_vi`` (int32, as many lanes as float32) has ``_load``, ``_store``, ``_set1``,
-``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512 also has
-half-width ``tc_hf``/``tc_hd`` (256 bits) for the short last vector of a tile's row. AVX-512,
+``_zero`` and ``_fma`` (a multiply and an add), wrapping as the scalar code does. AVX-512 and AVX2
+also have half-width ``tc_hf``/``tc_hd`` (256 and 128 bits) for the short last vector of a tile's row. AVX-512,
 AVX2+FMA, SSE2 and NEON use their intrinsics; any other GCC or clang target uses generic vector
 extensions of the target's width. Rows of elements ``s`` apart have ``_gather(p, s)`` and
 ``_scatter(p, s, v)`` on every target. The last ``n`` elements of a row (``n`` below the lanes) have
@@ -178,7 +178,7 @@ def _x86(target: CpuTarget) -> str:
                   f"#define tc_{t}_fma(a, b, c) ((a) * (b) + (c))"]
     lines += _x86_min_max(target.isa)
     if target.half_vectors:
-        lines += _x86_half()
+        lines += _x86_half(target.isa)
     if target.isa == "avx512":
         lines.append(_EXP_AVX512)
     elif target.isa == "avx2":
@@ -186,18 +186,19 @@ def _x86(target: CpuTarget) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _x86_half() -> list[str]:
-    """AVX-512's half vectors (``CpuTarget.half_vectors``): ``tc_hf``/``tc_hd``, 256 bits, with
-    ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma`` and ``_lo`` (the lower half of a full vector:
-    a broadcast shared with the full vectors of a tile)."""
-    lines = ["typedef __m256 tc_hf;", "typedef __m256d tc_hd;"]
+def _x86_half(isa: str) -> list[str]:
+    """The half vectors (``CpuTarget.half_vectors``): ``tc_hf``/``tc_hd``, 256 bits on AVX-512 and
+    128 on AVX2, with ``_load``, ``_store``, ``_set1``, ``_zero``, ``_fma`` and ``_lo`` (the lower half
+    of a full vector: a broadcast shared with the full vectors of a tile)."""
+    bits, pre, full = ("256", "_mm256", "512") if isa == "avx512" else ("", "_mm", "256")
+    lines = [f"typedef __m{bits or '128'} tc_hf;", f"typedef __m{bits or '128'}d tc_hd;"]
     for t, sfx in (("hf", "ps"), ("hd", "pd")):
-        lines += [f"#define tc_{t}_load(p) _mm256_loadu_{sfx}(p)",
-                  f"#define tc_{t}_store(p, v) _mm256_storeu_{sfx}(p, v)",
-                  f"#define tc_{t}_set1(x) _mm256_set1_{sfx}(x)",
-                  f"#define tc_{t}_zero() _mm256_setzero_{sfx}()",
-                  f"#define tc_{t}_fma(a, b, c) _mm256_fmadd_{sfx}(a, b, c)",
-                  f"#define tc_{t}_lo(v) _mm512_cast{sfx}512_{sfx}256(v)"]
+        lines += [f"#define tc_{t}_load(p) {pre}_loadu_{sfx}(p)",
+                  f"#define tc_{t}_store(p, v) {pre}_storeu_{sfx}(p, v)",
+                  f"#define tc_{t}_set1(x) {pre}_set1_{sfx}(x)",
+                  f"#define tc_{t}_zero() {pre}_setzero_{sfx}()",
+                  f"#define tc_{t}_fma(a, b, c) {pre}_fmadd_{sfx}(a, b, c)",
+                  f"#define tc_{t}_lo(v) _mm{full}_cast{sfx}{full}_{sfx}{bits or '128'}(v)"]
     return lines
 
 

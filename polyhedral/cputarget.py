@@ -72,11 +72,13 @@ class CpuTarget:
     @property
     def half_vectors(self) -> bool:
         """Whether the ISA has vectors of half the width with the same arithmetic (AVX-512's 256-bit
-        registers), which a register tile ends a row with where the row's last few elements fit in
-        one: Zen 4 runs a 512-bit FMA as two 256-bit halves, so a 54-wide conv row costs 3.5 full
-        FMAs per step rather than 4 (single thread, 8x64x56x56 conv 18.1 -> 16.1 ms); a machine
-        with whole 512-bit FMA units spends one FMA slot either way."""
-        return self.isa == "avx512"
+        registers, AVX2's 128-bit ones), which a register tile ends a row with where the row's last
+        few elements fit in one. A core that runs a full vector as two halves spends half the FMA
+        slots on one: Zen 4 with 512-bit vectors (single thread, 8x64x56x56 conv 18.1 -> 16.1 ms),
+        Zen 1 with 256-bit ones (a group conv's rows of 26, 3 whole vectors and a half rather than
+        4: N32 G32 C=F=16 28x28 on 2 threads, see CHANGELOG); a core with whole-width FMA units
+        spends one FMA slot either way."""
+        return self.isa in ("avx512", "avx2")
 
     @property
     def key(self) -> str:
