@@ -13,11 +13,9 @@ import ctypes
 import functools
 import hashlib
 import itertools
-import math
 import os
 import platform
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -29,7 +27,7 @@ from pathlib import Path
 from tcdsl.core import knobs
 from tcdsl.core.errors import TcCompileError
 from tcdsl.core.version import __version__
-from tcdsl.polyhedral import cputarget
+from tcdsl.polyhedral import cputarget, guard
 from tcdsl.polyhedral.cputarget import CpuTarget
 
 from . import diskcache, pch
@@ -102,20 +100,11 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
     except (AttributeError, OSError):
         return proc.wait(timeout=timeout)
     try:
-        poll = select.poll()  # not select(): a descriptor past 1023 is refused there
-        poll.register(fd, select.POLLIN)
-        if not poll.poll(_poll_ms(timeout)):
+        if not guard.readable(fd, timeout):
             raise subprocess.TimeoutExpired(proc.args, timeout)
     finally:
         os.close(fd)
     return proc.wait()
-
-
-def _poll_ms(timeout: float) -> int | None:
-    """``timeout`` seconds as ``poll``'s milliseconds, rounded up (None: no limit)."""
-    if math.isinf(timeout) and timeout > 0:
-        return None
-    return max(0, math.ceil(timeout * 1000)) if math.isfinite(timeout) else 0
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

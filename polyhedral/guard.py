@@ -69,6 +69,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable (or its other end closes) within ``timeout`` seconds (inf: no
+    limit). ``poll``, not ``select``: select refuses a descriptor past 1023."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)  # a hang-up is reported whatever is asked for
+    if math.isinf(timeout) and timeout > 0:
+        return bool(poll.poll(None))
+    return bool(poll.poll(max(0, math.ceil(timeout * 1000)) if math.isfinite(timeout) else 0))
+
+
 def _read_until(fd: int, deadline: float) -> bytes | None:
     """Everything the child writes until it closes the pipe, or None past the deadline."""
     chunks: list[bytes] = []
@@ -76,9 +86,7 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        poll = select.poll()  # not select(): a descriptor past 1023 is refused there
-        poll.register(fd, select.POLLIN | select.POLLHUP)
-        if not poll.poll(None if math.isinf(left) else math.ceil(left * 1000)):
+        if not readable(fd, left):
             return None
         chunk = os.read(fd, 1 << 16)
         if not chunk:

@@ -233,21 +233,24 @@ class LoopIR:
         return "\n".join(lines)
 
 
+def children(n: LNode) -> tuple[LNode, ...]:
+    """The nodes directly inside ``n``, in order (none for a statement or a leaf)."""
+    if isinstance(n, (LFor, LMark, LCopy, LPack)):
+        return n.body
+    if isinstance(n, (LTile, LAccum, LHold)):
+        return (n.loop,)
+    if isinstance(n, LTranspose):
+        return (n.outer,)
+    if isinstance(n, LIf):
+        return (*n.then, *n.other)
+    return ()
+
+
 def walk(nodes: tuple[LNode, ...]) -> Iterator[LNode]:
     """Every node of a loop body, outermost first."""
     for n in nodes:
         yield n
-        if isinstance(n, (LFor, LMark, LCopy, LPack)):
-            yield from walk(n.body)
-        elif isinstance(n, LTile):
-            yield from walk((n.loop,))
-        elif isinstance(n, LTranspose):
-            yield from walk((n.outer,))
-        elif isinstance(n, (LAccum, LHold)):
-            yield from walk((n.loop,))
-        elif isinstance(n, LIf):
-            yield from walk(n.then)
-            yield from walk(n.other)
+        yield from walk(children(n))
 
 
 def walk_paths(nodes: tuple[LNode, ...], above: tuple[LNode, ...] = ()) -> Iterator[tuple[LNode, tuple[LNode, ...]]]:
@@ -255,18 +258,7 @@ def walk_paths(nodes: tuple[LNode, ...], above: tuple[LNode, ...] = ()) -> Itera
     the pieces of a body, so a loop around a node is found among these, not by name in the body."""
     for n in nodes:
         yield n, above
-        inner = (*above, n)
-        if isinstance(n, (LFor, LMark, LCopy, LPack)):
-            yield from walk_paths(n.body, inner)
-        elif isinstance(n, LTile):
-            yield from walk_paths((n.loop,), inner)
-        elif isinstance(n, LTranspose):
-            yield from walk_paths((n.outer,), inner)
-        elif isinstance(n, (LAccum, LHold)):
-            yield from walk_paths((n.loop,), inner)
-        elif isinstance(n, LIf):
-            yield from walk_paths(n.then, inner)
-            yield from walk_paths(n.other, inner)
+        yield from walk_paths(children(n), (*above, n))
 
 
 def work(nodes: tuple[LNode, ...]) -> float:
