@@ -36,8 +36,8 @@ sums (forward and backward), as tcdsl.bench allows a sum's rounding. A relu or a
 lies within rounding of its kink could legitimately pick the other side (the seeds are fixed).
 
 Per call: a one-element kernel called in a loop, in microseconds per call: with a numpy array, with
-a torch tensor, and forward + backward with a tensor that requires grad, beside torch eager's own
-``A + 1`` (targets: numpy path <= 5 us, torch path <= 15 us).
+a torch tensor (each also into an ``out=`` buffer), and forward + backward with a tensor that
+requires grad, beside torch eager's own ``A + 1`` (targets: numpy path <= 5 us, torch path <= 15 us).
 
 Tuned: ``--tune S`` first tunes each layer's training step (``kernel.autotune(*inputs,
 backward=True, budget=S)``: the forward def and the backward def, S seconds each, into the tuning
@@ -338,9 +338,13 @@ def per_call(rounds: int) -> dict[str, float]:
     def fb(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
         return lambda: fn(tg).backward(g1)
 
+    a_out, ta_out, ta_eager = np.zeros(1, np.float32), torch.zeros(1), torch.zeros(1)
     variants: dict[str, Callable[[], object]] = {
         "numpy": lambda: k(a),
+        "numpy_out": lambda: k(a, out=a_out),
         "torch": lambda: k(ta),
+        "torch_out": lambda: k(ta, out=ta_out),
+        "eager_out": lambda: torch.add(ta, 1.0, out=ta_eager),
         "torch_fb": fb(k),  # type: ignore[arg-type]
         "eager": lambda: ta + 1.0,
         "eager_fb": fb(lambda x: x + 1.0),
@@ -423,11 +427,13 @@ def main() -> int:
         print(f"per call: a one-element kernel `{ONE}`, N=1, a loop of calls (us per call, median of "
               f"{args.rounds} rounds)")
         rows = [("numpy array in", calls["numpy"], f"target <= {NUMPY_CALL_TARGET_US:g} us", None),
+                ("numpy array in, out=", calls["numpy_out"], "", None),
                 ("torch tensor, no grad", calls["torch"], f"target <= {TORCH_CALL_TARGET_US:g} us",
                  calls["eager"]),
+                ("torch tensor, out=", calls["torch_out"], "", calls["eager_out"]),
                 ("torch, requires_grad, forward + backward", calls["torch_fb"], "", calls["eager_fb"])]
         for what, us, tgt, eager in rows:
-            peer = f"torch eager A + 1: {eager:8.1f} us" if eager is not None else ""
+            peer = "" if eager is None else f"torch eager A + 1{', out=' if 'out=' in what else ''}: {eager:8.1f} us"
             print(f"  {what:<42} {us:8.1f} us  {tgt:<18} {peer}")
     print()
     print("targets")

@@ -451,6 +451,26 @@ class Kernel:
             key.append((a.shape, a.dtype, a.strides))
         return self._hot_hit(tuple(key))
 
+    def _hot_into(self, args: Sequence[Any], out: Any) -> Any:
+        """A repeated call with ``out=`` on numpy arrays: straight to the kernel the same call ran
+        before (``CKernel.direct_into``), where the caller's arrays can take the results (writeable,
+        aligned, sharing no memory with an input); the call's result, else None."""
+        outs = out if type(out) is tuple or type(out) is list else (out,)
+        key = []
+        for a in (*args, *outs):
+            if type(a) is not np.ndarray:
+                return None
+            key.append((a.shape, a.dtype, a.strides))
+        hit = self._hot_hit(("out=", len(args)) + tuple(key))
+        if hit is None:
+            return None
+        for o in outs:
+            flags = o.flags
+            if not (flags.writeable and flags.aligned) or any(np.may_share_memory(o, a) for a in args):
+                return None
+        hit[4](args, outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
     def _hot_tensor_runner(self, tensors: Sequence[Any]) -> Callable[[Sequence[Any]], Any] | None:
         """For CPU torch tensors, by their shapes, dtypes and strides (no numpy view made): the
         runner on tensors of the kernel that the same call on their numpy views would run, as
@@ -500,6 +520,12 @@ class Kernel:
                     fast = _TORCH_OPS.repeated(self, args)
                     if fast is not None:
                         return fast
+            elif backend is None and options is None and not self._deep:
+                into = self._hot_into(args, out)
+                if into is None and _TORCH_OPS is not None:  # tensors: torch_ops' repeated out= path
+                    into = _TORCH_OPS.repeated_into(self, args, out)
+                if into is not None:
+                    return into
             return self._call(*args, out=out, backend=backend, options=options)
         except TcError as e:
             if knobs.debug():
@@ -552,6 +578,10 @@ class Kernel:
             inputs = {t.name: a for t, a in zip(self.checked.inputs, arrays)}
             if outs is not None and ck.writes_in_place(inputs, outs):
                 ck(inputs, outs)
+                if backend is None and options is None and ck.plain and all(a is x for a, x in zip(arrays, args)):
+                    with self._lock:  # the next such call goes straight to the kernel (_hot_into)
+                        self._hot[("out=", len(args)) + _layout_key([*arrays, *outs])] = (
+                            ck, self.options, self.backend, _call_env(), ck.direct_into())
                 return outs[0] if len(outs) == 1 else tuple(outs)
             results = ck(inputs, initial=initial)
             if out is None and backend is None and options is None and all(a is x for a, x in zip(arrays, args)):

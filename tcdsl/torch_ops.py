@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from . import gpurt
 from .autodiff import Backward, attach, backward_of, saved_types
@@ -458,6 +459,24 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     return res[0] if n == 1 else tuple(res[:n])
 
 
+def repeated_into(kernel: Any, args: tuple[Any, ...], out: Any) -> Any:
+    """``call``'s result with ``out=`` for plain CPU tensors in eager mode, none of them needing a
+    gradient, where the kernel ran on this layout before (None otherwise): the numpy views'
+    repeated ``out=`` path, and the mutation told to autograd."""
+    outs = out if type(out) is tuple or type(out) is list else (out,)
+    for a in (*args, *outs):
+        if type(a) not in _PLAIN or not a.is_cpu or a.layout is not _STRIDED or a.requires_grad:
+            return None
+    if torch.compiler.is_compiling() or (torch._C._functorch.peek_interpreter_stack() is not None
+                                         and _functorch_wrapped((*args, *outs))):
+        return None
+    views = [o.numpy() for o in outs]
+    if kernel._hot_into([a.numpy() for a in args], views if len(views) > 1 else views[0]) is None:
+        return None
+    increment_version(outs)
+    return out
+
+
 def _eager(tensors: Sequence[Any]) -> bool:
     """Plain CPU tensors outside any tracing (no ``torch.compile``, export, fake or functorch
     tensor): the op's dispatch, some tens of microseconds a call, is skipped, and autograd gets the
@@ -537,18 +556,29 @@ def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str |
         if not isinstance(o, torch.Tensor) or o.device.type != "cpu":
             raise TcArgumentError(f"{kernel.name}(): out= takes CPU torch tensors when the inputs are tensors",
                                   kernel.checked.source.name.span.location())
-    _update(_forward_key(kernel, backend, options, False), [a.detach() for a in tensors], outs)
+    key = _forward_key(kernel, backend, options, False)
+    args = [a.detach() for a in tensors]
+    if _eager([*args, *outs]):  # the op's dispatch skipped: the kernel, and the mutation told to autograd
+        _write(key, args, outs)
+        increment_version(outs)
+    else:
+        _update(key, args, outs)
     return out
+
+
+def _write(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """The kernel of ``key`` writing into ``outs`` (a repeated call: the numpy views' ``out=`` path)."""
+    e = _entry(key)
+    views = [o.numpy() for o in outs]
+    e.kernel(*[a.numpy() for a in args], out=views if len(views) > 1 else views[0], backend=e.backend,
+             options=e.options)
 
 
 @torch.library.custom_op("tcdsl::update", mutates_args=("outs",))
 def _update(key: str, args: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     """The kernel writing into the caller's ``out=`` tensors (marked as mutated: outputs that a
     reduction without ``!`` updates are read too)."""
-    e = _entry(key)
-    views = [o.numpy() for o in outs]
-    e.kernel(*[a.numpy() for a in args], out=views if len(views) > 1 else views[0], backend=e.backend,
-             options=e.options)
+    _write(key, args, outs)
 
 
 @_update.register_fake

@@ -674,6 +674,41 @@ def test_repeated_calls_follow_what_the_call_depends_on(monkeypatch: pytest.Monk
     np.testing.assert_array_equal(k(A, B, backend="numpy"), k(A, B))
 
 
+def test_repeated_out_calls_go_straight_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repeated call with out= on the same layouts runs the kernel without the first call's
+    checks: each call's own numbers, outputs the def does not write whole zeroed again, outputs a
+    reduction without ``!`` updated from their values; buffers that cannot take the results
+    directly (sharing memory with an input, read-only) take the first call's path."""
+    part = tc.define("def part(float(N) X) -> (Y, S) { Y(i) = X(i) * 2.0 where i in 1:N\n S +=! X(r_i) }",
+                     backend="c")
+    acc = tc.define("def acc(float(N, K) A) -> (R) { R(n) += A(n, r_k) }", backend="c")
+    X = f32(9, seed=40)
+    y, s = np.empty(9, np.float32), np.empty((), np.float32)
+    part(X, out=(y, s))  # the first call: compiled, checked
+    slow = []
+    monkeypatch.setattr(tc.Kernel, "_call", lambda self, *a, **k: slow.append(1) or pytest.fail("slow path"))
+    for seed in (41, 42):
+        X = f32(9, seed=seed)
+        y[:], s[...] = np.nan, np.nan  # what the kernel leaves unwritten must not survive
+        assert part(X, out=[y, s])[0] is y
+        np.testing.assert_array_equal(y, np.concatenate([[0.0], X[1:] * 2]))
+        assert_sum_close(s, np.sum, X, terms=9)
+    monkeypatch.undo()
+    A = f32(4, 6, seed=43)
+    r = np.full(4, 10.0, np.float32)
+    for calls in range(1, 4):  # each call adds to what the buffer holds
+        assert acc(A, out=r) is r
+        assert_sum_close(r - 10.0, lambda a, c=calls: c * a.sum(axis=1), A, terms=6 * calls + 1)
+    X = f32(9, seed=44)
+    shared = np.concatenate([X, np.zeros(1, np.float32)])
+    part(shared[:9], out=(shared[1:], s))  # overlaps its input: computed aside, then copied
+    np.testing.assert_array_equal(shared[1:], np.concatenate([[0.0], X[1:] * 2]))
+    frozen = np.zeros(9, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(tc.TcArgumentError, match="out= for 'Y' is read-only"):
+        part(X, out=(frozen, s))
+
+
 def test_repeated_calls_of_a_one_input_def_read_each_arrays_own_elements() -> None:
     """The one-input repeated call reads the array's address from the array object: views at an
     offset, read-only arrays, reversed views and an array reshaped in place each give their own

@@ -84,6 +84,29 @@ def test_non_contiguous_tensors_and_out() -> None:
 
 
 @pytest.mark.cpu
+def test_repeated_out_calls_on_tensors_write_and_tell_autograd() -> None:
+    """Repeated out= calls on tensors of one layout (the numpy views' direct path) write each
+    call's numbers, bump the buffer's version as any in-place op does (autograd then refuses a
+    backward through a value the call overwrote), and a tensor needing a gradient is still refused."""
+    k = tc.define(CASES[0].source)  # matmul, float64
+    B = torch.rand(4, 2, dtype=torch.float64)
+    out = torch.empty(3, 2, dtype=torch.float64)
+    for seed in range(3):
+        A = torch.rand(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        version = out._version
+        assert k(A, B, out=out) is out
+        assert out._version == version + 1
+        assert_sum_close(out.numpy(), np.matmul, A.numpy(), B.numpy(), terms=4)
+    W = torch.rand(2, dtype=torch.float64, requires_grad=True)
+    loss = (out * W).sum()  # saves out for W's gradient
+    k(A, B, out=out)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    with pytest.raises(TcArgumentError, match="out= records no gradient"):
+        k(A.requires_grad_(True), B, out=out)
+
+
+@pytest.mark.cpu
 def test_repeated_calls_on_tensors_of_one_layout_run_at_their_addresses() -> None:
     """After a first call, tensors with the same shapes, dtypes and strides go to the kernel by
     their data_ptr (no numpy views): views at an offset, transposed views (a layout of their own),
