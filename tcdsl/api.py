@@ -635,6 +635,9 @@ class GenericKernel:
         self.outputs = outputs or tuple(w for w in written if w not in params)
         self.backend = backend
         self._kernels: dict[tuple, Kernel] = {}
+        # arguments' shapes and dtypes -> their kernel: numpy arrays' (_hot_kernel), plain CPU
+        # tensors' (torch_ops.generic_repeated)
+        self._hot: dict[tuple, Kernel] = {}
         self.__doc__ = doc
         self.__name__ = name
         if not stmts:
@@ -656,7 +659,25 @@ class GenericKernel:
         if k is None:
             k = _kernels_of([self._make_def(arrays)], self.backend)[0]
             self._kernels[key] = k
+        if all(type(a) is np.ndarray for a in args):
+            self._remember(tuple([(a.shape, a.dtype) for a in args]), k)
         return k
+
+    def _remember(self, key: tuple, k: Kernel) -> None:
+        """``_hot_kernel``'s entry for arguments of these shapes and dtypes (a bounded table: a
+        program calling with ever new shapes starts it afresh)."""
+        if len(self._hot) >= HOT_SHAPES:
+            self._hot.clear()
+        self._hot[key] = k
+
+    def _hot_kernel(self, args: Sequence[Any]) -> Kernel | None:
+        """The kernel an earlier call made for numpy arrays of these shapes and dtypes, else None."""
+        key = []
+        for a in args:
+            if type(a) is not np.ndarray:
+                return None
+            key.append((a.shape, a.dtype))
+        return self._hot.get(tuple(key))
 
     def _make_def(self, arrays: list[np.ndarray]) -> A.Def:
         names: dict[int, str] = {}
@@ -677,10 +698,15 @@ class GenericKernel:
     @_user_facing
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
+        k = self._hot_kernel(args)  # a repeated call: straight to its kernel's own call
+        if k is not None:
+            return k(*args, out=out, backend=backend, options=options)
+        if _TORCH_OPS is not None:
+            fast = _TORCH_OPS.generic_repeated(self, args, out, backend, options)
+            if fast is not None:
+                return fast
         if _torch_args(args):
-            from . import torch_ops  # imports torch (optional): loaded by the first call with tensors
-
-            return torch_ops.call_generic(self, args, out=out, backend=backend, options=options)
+            return _torch_ops().call_generic(self, args, out=out, backend=backend, options=options)
         return self.kernel(*args)(*args, out=out, backend=backend or self.backend, options=options)
 
     def source(self, *args: Any, **kw: Any) -> str:
@@ -704,6 +730,9 @@ class GenericKernel:
         """``Kernel.autotune`` (the same keyword parameters, ``backward=True`` too) on the def made
         for these arguments."""
         return self.kernel(*args).autotune(*args, **settings)
+
+
+HOT_SHAPES = 256  # argument shapes a short-form kernel remembers for its repeated calls
 
 
 def _first_use(stmts: Sequence[A.Stmt], name: str) -> Location | None:

@@ -624,4 +624,22 @@ def call_generic(generic: Any, args: tuple[Any, ...], out: Any = None, backend: 
                                   "reads strided (dense) tensors: convert it with .to_dense()")
     plain = [a.detach().numpy() if isinstance(a, torch.Tensor) and a.device.type == "cpu" else a for a in args]
     kernel = generic.kernel(*plain)
+    if all(type(a) in _PLAIN and a.is_cpu and a.layout is _STRIDED for a in args):
+        generic._remember(tuple([(a.shape, a.dtype) for a in args]), kernel)  # (generic_repeated)
     return call(kernel, args, out=out, backend=backend or generic.backend, options=options)
+
+
+def generic_repeated(generic: Any, args: tuple[Any, ...], out: Any, backend: str | None, options: Any) -> Any:
+    """``call_generic``'s result for plain CPU tensors outside any tracing, where an earlier call
+    made the kernel for tensors of these shapes and dtypes: that kernel's own call (its repeated
+    path); None otherwise."""
+    key = []
+    for a in args:
+        if type(a) not in _PLAIN or not a.is_cpu or a.layout is not _STRIDED:
+            return None
+        key.append((a.shape, a.dtype))
+    kernel = generic._hot.get(tuple(key))
+    if kernel is None or torch.compiler.is_compiling() or (
+            torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args)):
+        return None
+    return kernel(*args, out=out, backend=backend, options=options)

@@ -186,6 +186,34 @@ def test_short_form_sizes_from_arguments_several_shapes() -> None:
         assert_sum_close(C, np.matmul, A, B, terms=k)
 
 
+def test_short_form_repeated_calls_skip_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short-form call on arrays of shapes and dtypes it has seen goes straight to the def made
+    for them: each call's own numbers, out= included; a new shape or dtype makes its signature again,
+    an argument that is not an array takes the first call's path and its errors."""
+    @tc.define("C(i, j) +=! A(i, k) * B(k, j)")
+    def matmul(A, B): ...
+
+    A, B = f32(3, 4, seed=50), f32(4, 5, seed=51)
+    assert_sum_close(matmul(A, B), np.matmul, A, B, terms=4)
+    made = matmul.kernel
+    monkeypatch.setattr(type(matmul), "kernel", lambda self, *a: pytest.fail("signature made again"))
+    for seed in (52, 53):
+        A2 = f32(3, 4, seed=seed)
+        assert_sum_close(matmul(A2, B), np.matmul, A2, B, terms=4)
+        out = np.full((3, 5), np.nan, np.float32)
+        assert matmul(A2, B, out=out) is out
+        assert_sum_close(out, np.matmul, A2, B, terms=4)
+    monkeypatch.setattr(type(matmul), "kernel", made)
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    got = matmul(A64, B64)  # another dtype: its own def
+    assert got.dtype == np.float64
+    assert_sum_close(got, np.matmul, A64, B64, terms=4)
+    A3 = f32(6, 4, seed=54)  # another shape
+    assert_sum_close(matmul(A3, B), np.matmul, A3, B, terms=4)
+    with pytest.raises(tc.TcArgumentError, match="argument 'A' is a list"):
+        matmul(A.tolist(), B)
+
+
 def test_short_form_contraction_mismatch_takes_the_intersection() -> None:
     """TC's rule: ``k`` runs where both reads are in bounds (0:4 here)."""
     @tc.define("C(i, j) +=! A(i, k) * B(k, j)")

@@ -296,6 +296,29 @@ def test_short_form_takes_tensors() -> None:
     assert "d_A(i, k) +=! (d_C(i, j) * B(k, j))" in matmul.backward_source(A.detach(), B.detach())
 
 
+@pytest.mark.cpu
+def test_short_form_repeated_calls_on_tensors_skip_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors of shapes and dtypes a short form has seen go straight to the def made for them:
+    each call's numbers, gradients when they require grad, and a sparse tensor of a seen shape is
+    still refused."""
+    @tc.define("C(i, j) +=! A(i, k) * B(k, j)")
+    def matmul(A, B): ...
+
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.rand(3, 4, generator=g), torch.rand(4, 5, generator=g)
+    assert_sum_close(matmul(A, B).numpy(), np.matmul, A.numpy(), B.numpy(), terms=4)
+    monkeypatch.setattr(type(matmul), "kernel", lambda self, *a: pytest.fail("signature made again"))
+    for _ in range(2):
+        A2 = torch.rand(3, 4, generator=g, requires_grad=True)
+        C = matmul(A2, B)
+        assert_sum_close(C.detach().numpy(), np.matmul, A2.detach().numpy(), B.numpy(), terms=4)
+        C.backward(torch.ones(3, 5))
+        assert_sum_close(A2.grad.numpy(), np.matmul, np.ones((3, 5), np.float32), B.numpy().T, terms=5)
+    monkeypatch.undo()
+    with pytest.raises(tc.TcArgumentError, match="argument 1 is a sparse_coo tensor"):
+        matmul(A.to_sparse(), B)
+
+
 def _located(exc: pytest.ExceptionInfo, line: int, col: int, fragment: str) -> None:
     loc = exc.value.location
     assert loc is not None and (loc.line, loc.col) == (line, col), loc
