@@ -36,8 +36,8 @@ sums (forward and backward), as tcdsl.bench allows a sum's rounding. A relu or a
 lies within rounding of its kink could legitimately pick the other side (the seeds are fixed).
 
 Per call: a one-element kernel called in a loop, in microseconds per call: with a numpy array, with
-a torch tensor (each also into an ``out=`` buffer), and forward + backward with a tensor that
-requires grad, beside torch eager's own ``A + 1`` (targets: numpy path <= 5 us, torch path <= 15 us).
+a torch tensor (each also into an ``out=`` buffer, and as a short form), and forward + backward
+with a tensor that requires grad, beside torch eager's own ``A + 1`` (targets: numpy path <= 5 us, torch path <= 15 us).
 
 Tuned: ``--tune S`` first tunes each layer's training step (``kernel.autotune(*inputs,
 backward=True, budget=S)``: the forward def and the backward def, S seconds each, into the tuning
@@ -122,6 +122,7 @@ def fc(float(B, K) X, float(N, K) W, float(N) Bs) -> (Y) {
 }
 """
 ONE = "def one(float(N) A) -> (B) { B(i) = A(i) + 1.0 }"
+ONE_SHORT = "B(i) = A(i) + 1.0"  # the same as a short form (tc.define(...) of a function of A)
 
 
 @dataclass
@@ -330,6 +331,7 @@ def per_call(rounds: int) -> dict[str, float]:
     """Microseconds per call of a one-element kernel, and of torch eager's ``A + 1``: the median over
     ``rounds`` samples, each a loop of calls lasting about 20 ms after an untimed call."""
     k = tc.define(ONE)
+    short = tc.define(ONE_SHORT)(lambda A: None)
     a = np.zeros(1, np.float32)
     ta = torch.zeros(1)
     tg = torch.zeros(1, requires_grad=True)
@@ -342,8 +344,10 @@ def per_call(rounds: int) -> dict[str, float]:
     variants: dict[str, Callable[[], object]] = {
         "numpy": lambda: k(a),
         "numpy_out": lambda: k(a, out=a_out),
+        "numpy_short": lambda: short(a),
         "torch": lambda: k(ta),
         "torch_out": lambda: k(ta, out=ta_out),
+        "torch_short": lambda: short(ta),
         "eager_out": lambda: torch.add(ta, 1.0, out=ta_eager),
         "torch_fb": fb(k),  # type: ignore[arg-type]
         "eager": lambda: ta + 1.0,
@@ -428,9 +432,11 @@ def main() -> int:
               f"{args.rounds} rounds)")
         rows = [("numpy array in", calls["numpy"], f"target <= {NUMPY_CALL_TARGET_US:g} us", None),
                 ("numpy array in, out=", calls["numpy_out"], "", None),
+                ("numpy array in, short form", calls["numpy_short"], "", None),
                 ("torch tensor, no grad", calls["torch"], f"target <= {TORCH_CALL_TARGET_US:g} us",
                  calls["eager"]),
                 ("torch tensor, out=", calls["torch_out"], "", calls["eager_out"]),
+                ("torch tensor, short form", calls["torch_short"], "", calls["eager"]),
                 ("torch, requires_grad, forward + backward", calls["torch_fb"], "", calls["eager_fb"])]
         for what, us, tgt, eager in rows:
             peer = "" if eager is None else f"torch eager A + 1{', out=' if 'out=' in what else ''}: {eager:8.1f} us"
