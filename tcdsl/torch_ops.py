@@ -548,10 +548,10 @@ def _outside_tcdsl() -> int:
 
 
 def _call_out(kernel: Any, tensors: list[torch.Tensor], out: Any, backend: str | None, options: Any) -> Any:
-    if torch.is_grad_enabled() and any(a.requires_grad for a in tensors):
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*tensors, *outs)):
         raise TcArgumentError(f"{kernel.name}(): out= records no gradient; call it without out= (or under "
                               f"torch.no_grad())", kernel.checked.source.name.span.location())
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
     for o in outs:
         if not isinstance(o, torch.Tensor) or o.device.type != "cpu":
             raise TcArgumentError(f"{kernel.name}(): out= takes CPU torch tensors when the inputs are tensors",

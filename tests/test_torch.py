@@ -104,6 +104,12 @@ def test_repeated_out_calls_on_tensors_write_and_tell_autograd() -> None:
         loss.backward()
     with pytest.raises(TcArgumentError, match="out= records no gradient"):
         k(A.requires_grad_(True), B, out=out)
+    wanting = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)  # a buffer that needs a gradient
+    with pytest.raises(TcArgumentError, match="out= records no gradient"):
+        k(A.detach(), B, out=wanting)
+    with torch.no_grad():  # as torch's own out= ops: written, outside autograd
+        assert k(A.detach(), B, out=wanting) is wanting
+    assert_sum_close(wanting.detach().numpy(), np.matmul, A.detach().numpy(), B.numpy(), terms=4)
 
 
 @pytest.mark.cpu
