@@ -444,24 +444,16 @@ class Kernel:
 
     def _hot_entry(self, args: Sequence[Any]) -> tuple | None:
         """``_hot_kernel``'s entry: (kernel, options, backend, environment, its direct runner)."""
-        key = []
-        for a in args:
-            if type(a) is not np.ndarray:
-                return None
-            key.append((a.shape, a.dtype, a.strides))
-        return self._hot_hit(tuple(key))
+        key = _array_key(args)
+        return None if key is None else self._hot_hit(key)
 
     def _hot_into(self, args: Sequence[Any], out: Any) -> Any:
         """A repeated call with ``out=`` on numpy arrays: straight to the kernel the same call ran
         before (``CKernel.direct_into``), where the caller's arrays can take the results (writeable,
         aligned, sharing no memory with an input); the call's result, else None."""
         outs = out if type(out) is tuple or type(out) is list else (out,)
-        key = []
-        for a in (*args, *outs):
-            if type(a) is not np.ndarray:
-                return None
-            key.append((a.shape, a.dtype, a.strides))
-        hit = self._hot_hit(("out=", len(args)) + tuple(key))
+        key = _array_key((*args, *outs))
+        hit = None if key is None else self._hot_hit(("out=", len(args)) + key)
         if hit is None:
             return None
         for o in outs:
@@ -895,6 +887,16 @@ def _as_array(x: Any, what: str, where: Location | None = None) -> np.ndarray:
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     return a
+
+
+def _array_key(args: Sequence[Any]) -> tuple | None:
+    """``_layout_key`` of arguments that are all numpy arrays (else None)."""
+    key = []
+    for a in args:
+        if type(a) is not np.ndarray:
+            return None
+        key.append((a.shape, a.dtype, a.strides))
+    return tuple(key)
 
 
 def _layout_key(arrays: Sequence[np.ndarray]) -> tuple:

@@ -332,13 +332,13 @@ class CKernel:
 
     def direct_into(self) -> Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], None]:
         """A repeated call's run into the caller's arrays (``out=``), built once: the outputs the
-        kernel neither writes whole nor updates are zeroed, then the kernel runs on the addresses.
-        Needs ``plain``, and ``writes_in_place`` of the call's arrays."""
+        kernel neither writes whole nor updates are zeroed, then the kernel runs on the arrays'
+        objects where its parameters are the def's inputs and outputs in order, else as ``run``
+        into them. Needs ``plain``, and ``writes_in_place`` of the call's arrays."""
         c = self.inst.checked
         ins = [at for at, _ in self._inputs]
         outs_at = [at for at, *_ in self._fresh]
         zero = [k for k, t in enumerate(c.outputs) if t.name not in self.unwritten_ok and t.name not in c.accumulates]
-        fn, errors, error, temps, n = self.fn, self._errors, self._error, self._temp_makers, self._params + 1
         if self._objects is not None and ins + outs_at == list(range(self._params)):
             objects, failure = self._objects  # every parameter is an input or an output, in order: no addresses
 
@@ -346,25 +346,13 @@ class CKernel:
                 for k in zero:
                     outs[k].fill(0)
                 if objects(*map(id, inputs), *map(id, outs)):
-                    raise _failure(failure, error)
+                    raise _failure(failure, self._error)
             return into_objects
 
         def into(inputs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
             for k in zero:
                 outs[k].fill(0)
-            addresses = [0] * n
-            for at, a in zip(ins, inputs):
-                if at is not None:
-                    addresses[at] = data_address(a)
-            for at, o in zip(outs_at, outs):
-                if at is not None:
-                    addresses[at] = data_address(o)
-            held = [make() for _, make in temps]  # alive until the call returns
-            for (at, _), t in zip(temps, held):
-                addresses[at] = data_address(t)
-            err, addresses[-1] = getattr(errors, "record", None) or _error_record(errors)
-            if fn(*addresses):
-                raise _failed(err, error)
+            self.run(inputs, outs)
         return into
 
     @property

@@ -735,6 +735,17 @@ def test_repeated_out_calls_go_straight_to_the_kernel(monkeypatch: pytest.Monkey
     frozen.flags.writeable = False
     with pytest.raises(tc.TcArgumentError, match="out= for 'Y' is read-only"):
         part(X, out=(frozen, s))
+    # a temporary with a buffer of its own (the row sums): the kernel's parameters are not just the
+    # def's inputs and outputs, so the run goes by addresses, each call with its own buffer
+    rows = tc.define("def rows(float(N,M) X) -> (Y) { S(n) +=! X(n, r_m)\n Y(n, m) = X(n, m) / S(n) }",
+                     backend="c")
+    y = np.empty((30, 40), np.float32)
+    for seed in (45, 46, 47):
+        X2 = f32(30, 40, seed=seed) + 2.0
+        y[:] = np.nan
+        assert rows(X2, out=y) is y
+        want = X2.astype(np.float64) / X2.astype(np.float64).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(y, want, rtol=4 * 40 * np.finfo(np.float32).eps)
 
 
 def test_repeated_calls_of_a_one_input_def_read_each_arrays_own_elements() -> None:
