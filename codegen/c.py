@@ -829,7 +829,7 @@ class _Emitter(Facts):
             assert a.vector is not None
             self.vector_code = True
             w.line(f"{{  // statement {s.number}: accumulate {s.tensor} over {', '.join(f.var for f in a.loops)}, "
-                   f"the elements of {', '.join(f.var for f in a.jam)} at once")
+                   f"the elements of {', '.join(f'{f.var} ({trip_count(f)})' for f in a.jam)} at once")
             w.line("#if TC_VEC")
             with w.indent():
                 vecloop.emit_jammed(self, a.vector, CTYPE[self.tensors[s.tensor].dtype])

@@ -389,15 +389,18 @@ def emit_accum(em: _Emitter, va: VectorAccum) -> None:
 
 
 def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
-    """``n`` with the innermost short loops of its perfect nest around a vector sum (an
-    ``LAccum`` over a nest: a weight gradient's batch, rows and columns) taken into the sum, each
-    element with an accumulator of its own (a row's last, masked vector adds zeros in its other
-    lanes, into the same one): the loads their reads share (a weight gradient's output gradient,
-    for every tap of its 3x3 window) are made once per vector, not once per element. As many
-    loops as keep the accumulators within the target's; None where there is no such nest. Weight
-    gradients on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms; group conv
-    8x32x16x28x28, 17.9 -> 10.2 ms. AVX2, the whole 3x3 window (two accumulators an element held its
-    columns only): conv 8x16x32x32 0.69 -> 0.52 ms."""
+    """``n`` with short loops of its perfect nest around a vector sum (an ``LAccum`` over a nest: a
+    weight gradient's batch, rows and columns) taken into the sum, each element with an
+    accumulator of its own (a row's last, masked vector adds zeros in its other lanes, into the
+    same one): the loads their reads share are made once per vector, not once per element. The
+    innermost loops are taken (a weight gradient's window columns, or its whole window), and
+    possibly a strip of a parallel loop further out (``_strips``: its filters, which share the
+    input's loads); of the ways that keep the accumulators within the target's, the one with the
+    fewest loads per multiply-add (``_loads``). None where there is no such nest. Weight gradients
+    on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms; group conv 8x32x16x28x28, 17.9 ->
+    10.2 ms. AVX2 (Zen 1): the window's columns for 4 filters (12 accumulators, 7 loads for 12
+    multiply-adds) rather than the whole window for one filter (9, 10 loads for 9): conv
+    8x16x32x32, 32 filters 3x3, 1.44 -> 1.07 ms."""
     chain = [n]
     while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LFor):
         chain.append(chain[-1].body[0])  # type: ignore[arg-type]
@@ -408,8 +411,7 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     s = em.scop.tc_statement(acc.call.stmt)
     if s.op != "+" or em.tensors[s.tensor].dtype not in VECTOR_DTYPES:
         return None
-    va = plan_accum(em, replace(acc, simd=True, jam=(chain[-1],)))
-    if va is None:
+    if plan_accum(em, replace(acc, simd=True, jam=(chain[-1],))) is None:
         return None
     args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
     bounds = set().union(*(expr_vars(x.init) | expr_vars(x.cond) for x in acc.loops))
@@ -425,13 +427,31 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
             break
         taken.insert(0, f)
         count *= trips
-    if count < 2:
+    best: tuple[tuple[float, int], list[LFor], tuple[int, int] | None] | None = None
+    for k in range(len(taken)):  # the innermost loops, from all of them to one
+        jammed = taken[k:]
+        elements = math.prod(trip_count(f) or 1 for f in jammed)
+        if elements < 2:
+            continue
+        outer = chain[:len(chain) - len(jammed)]
+        options: list[tuple[int, int] | None] = [None, *_strips(em, outer, jammed, elements, acc, s)]
+        for strip in options:
+            sizes = {f.var: trip_count(f) or 1 for f in jammed}
+            if strip is not None:
+                sizes[outer[strip[0]].var] = strip[1]
+            total = elements * (strip[1] if strip else 1)
+            cost = (_loads(em, acc, s, sizes) / total, -total)
+            if best is None or cost < best[0]:
+                best = (cost, jammed, strip)
+    if best is None:
         return None
+    _, taken, strip = best
     outer = chain[:len(chain) - len(taken)]
-    strip = _strip(em, outer, taken, count, acc, s)
     if strip is not None:
-        at, strip_loop = strip
-        moved = {outer[at].var: LOp("+", (LVar(outer[at].var), LVar(strip_loop.var)))}
+        at, size = strip
+        var = outer[at].var
+        strip_loop = LFor(f"{var}s", LInt(0), LOp("<=", (LVar(f"{var}s"), LInt(size - 1))), 1, (), parallel=True)
+        moved = {var: LOp("+", (LVar(var), LVar(strip_loop.var)))}
         call = replace(acc.call, args=tuple(substitute(x, moved) for x in acc.call.args))
         nest: LFor | LCall = call
         loops: list[LFor] = []
@@ -439,8 +459,8 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
             loops.insert(0, replace(g, body=(nest,)))
             nest = loops[0]
         acc = replace(acc, loops=tuple(loops), call=call)
-        outer = [*outer[:at], replace(outer[at], step=STRIP), *outer[at + 1:]]
-        taken.insert(0, strip_loop)
+        outer = [*outer[:at], replace(outer[at], step=size), *outer[at + 1:]]
+        taken = [strip_loop, *taken]
     a = replace(acc, simd=True, jam=tuple(taken))
     va = plan_accum(em, a)
     assert va is not None
@@ -450,55 +470,60 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     return node
 
 
-# A parallel loop around a jammed sum, cut into strips of this many elements whose elements the sum
-# takes at once too (``_strip``): a weight gradient's filters, two at a time, share the input's
-# loads (one per tap of the window). AVX-512, 2 threads: conv 8x16x32x32, 32 filters 3x3, weight
-# gradient 0.61 -> 0.49 ms (paired rounds, faster in 20 of 20). AVX2 holds no more than the window.
-STRIP = 2
+def _loads(em: Facts, acc: LAccum, s: Statement, sizes: dict[str, int]) -> int:
+    """The distinct loads of one vector step of the sum with the loops of ``sizes`` taken at once
+    (their trip counts, a strip's its size): one per read per value of the taken loops it moves
+    (a gathered read, whose index is data: one per element)."""
+    args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
+    total = 0
+    for r in reads(s.rhs):
+        if not all(isinstance(x, Sym) for x in r.subs):
+            total += math.prod(sizes.values())
+            continue
+        moved = {var for var in sizes
+                 if any(var in expr_vars(args[i]) for x in r.subs if isinstance(x, Sym) for i in x.indices())}
+        total += math.prod(sizes[v] for v in moved)
+    return total
 
 
-def _strip(em: Facts, outer: list[LFor], taken: list[LFor], count: int, acc: LAccum,
-           s: Statement) -> tuple[int, LFor] | None:
-    """The position in ``outer`` of the loop to cut into strips of STRIP for ``jam``, and the loop
-    over a strip's elements, or None: a parallel loop from 0 by 1, a whole number of strips, every
-    loop inside it up to the sum parallel with bounds that do not move with it, the accumulators
-    within the target's, and the loads of the reads it moves (each as many as the jammed elements
-    it takes) fewer than the loads of those it does not move, which its strip shares."""
-    if count * STRIP > em.target.accumulators:
-        return None
-    if not all(isinstance(x, Sym) for r in reads(s.rhs) for x in r.subs):
-        return None  # (a gathered read: its loads are not counted here)
+# Strips of a parallel loop around a jammed sum that the sum takes at once too (``_strips``): a
+# weight gradient's filters share the input's loads (one per tap of the window). AVX-512, 2 threads:
+# conv 8x16x32x32, 32 filters 3x3, weight gradient 0.61 -> 0.49 ms (two filters' whole windows,
+# paired rounds, faster in 20 of 20).
+STRIPS = (2, 3, 4, 6, 8)
+PARALLEL_UNITS = 4  # a strip leaves the parallel loops around the sum at least this many iterations a core
+
+
+def _strips(em: Facts, outer: list[LFor], taken: list[LFor], count: int, acc: LAccum,
+            s: Statement) -> list[tuple[int, int]]:
+    """The ways to cut a loop of ``outer`` into strips whose elements ``jam`` takes at once too, as
+    (its position, the strip's size): a parallel loop from 0 by 1, a whole number of strips of more
+    than one, every loop inside it up to the sum parallel with bounds that do not move with it, the
+    accumulators within the target's, the loop moving one index of the target that no taken loop
+    moves, some read that does not move with it (whose loads the strip shares), and the parallel
+    loops around the sum left with PARALLEL_UNITS iterations a core (or as many as they had)."""
     st = em.scop.stmt(acc.call.stmt)
     args = dict(zip(st.indices, acc.call.args))
-    jammed = {f.var: trip_count(f) or 1 for f in taken}
-
-    def moves(r: Read, var: str) -> bool:
-        return any(var in expr_vars(args[i]) for x in r.subs if isinstance(x, Sym) for i in x.indices())
-
-    def loads(r: Read) -> int:  # the elements of ``r`` a jammed step reads: one per value of the loops it moves
-        return math.prod(n for var, n in jammed.items() if moves(r, var))
-
-    best: tuple[int, int] | None = None
+    jammed = {f.var for f in taken}
+    out: list[tuple[int, int]] = []
     for at, f in enumerate(outer):
         trips = trip_count(f)
         inside = outer[at + 1:]
-        if not (f.parallel and f.step == 1 and f.init == LInt(0) and trips is not None and trips % STRIP == 0
-                and trips > STRIP and all(g.parallel for g in inside)):
+        if not (f.parallel and f.step == 1 and f.init == LInt(0) and trips is not None
+                and all(g.parallel for g in inside)):
             continue
         if any(f.var in expr_vars(g.init) | expr_vars(g.cond) for g in [*inside, *taken, *acc.loops]):
             continue
         own = [i for i in s.lhs if f.var in expr_vars(args[i])]
-        if len(own) != 1 or not plus_var(args[own[0]], f.var) or expr_vars(args[own[0]]) & set(jammed):
+        if len(own) != 1 or not plus_var(args[own[0]], f.var) or expr_vars(args[own[0]]) & jammed:
             continue
-        added = sum(loads(r) for r in reads(s.rhs) if moves(r, f.var))
-        shared = sum(loads(r) for r in reads(s.rhs) if not moves(r, f.var))
-        if added < shared and (best is None or added < best[1]):
-            best = (at, added)
-    if best is None:
-        return None
-    f = outer[best[0]]
-    inner = LFor(f"{f.var}s", LInt(0), LOp("<=", (LVar(f"{f.var}s"), LInt(STRIP - 1))), 1, (), parallel=True)
-    return best[0], inner
+        if _loads(em, acc, s, {f.var: 2}) == 2 * _loads(em, acc, s, {}):
+            continue  # every read moves with it: a strip shares no load
+        units = math.prod(trip_count(g) or 1 for g in outer if g.parallel)  # what the threads share
+        out.extend((at, size) for size in STRIPS
+                   if trips % size == 0 and trips > size and count * size <= em.target.accumulators
+                   and units // size >= min(units, PARALLEL_UNITS * em.target.cores))
+    return out
 
 
 def _subst(e: LExpr, values: dict[str, int]) -> LExpr:
@@ -572,9 +597,23 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]]) ->
     free = em.target.vector_registers - len(combos) - 1  # one for a folded operand
     kept = set(sorted((n for n in uses if uses[n] > 1), key=lambda n: -uses[n])[:max(0, free)])
     for text, name in loads.items():
-        w.line(f"{v} {name} = {text}; tc_keep({name});" if name in kept else f"const {v} {name} = {text};")
-    for line in lines:
-        w.line(line)
+        if name in kept:
+            w.line(f"{v} {name} = {text}; tc_keep({name});")
+    # each other load just before the updates that use it, so that it lives in one register for
+    # their span (declared all at once, they outlive the free registers and GCC folds each use
+    # into its multiply-add, loading the vector again: AVX2 (Zen 1), conv 8x16x32x32 weight
+    # gradient, 4 filters x 3 taps, 13 loads a step instead of 7, 1.33 -> 1.04 ms)
+    used = [{n for n in loads.values() if re.search(rf"\b{n}\b", line)} for line in lines]
+    ready, done = set(kept), [False] * len(lines)
+    for text, name in [(t, n) for t, n in loads.items() if n not in kept] + [("", "")]:
+        if name:
+            w.line(f"const {v} {name} = {text};")
+            ready.add(name)
+        for k, line in enumerate(lines):
+            if not done[k] and used[k] <= ready:
+                w.line(line)
+                done[k] = True
+    assert all(done)
 
 
 def _named_in(em: _Emitter, va: VectorAccum, env: dict[str, str], loads: dict[str, str]) -> Callable[[TExpr], str]:

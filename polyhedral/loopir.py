@@ -501,7 +501,7 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     elif isinstance(n, LAccum):
         over = ", ".join(f.var for f in n.loops)
         local = "; ".join(["simd"] * n.simd + [f"vector {n.vector_text}"] * bool(n.vector_text))
-        jam = f", the elements of {', '.join(f.var for f in n.jam)} at once" if n.jam else ""
+        jam = f", the elements of {', '.join(f'{f.var} ({trip_count(f)})' for f in n.jam)} at once" if n.jam else ""
         out.append(f"{pad}// accumulate {n.call.stmt} over {over} in a local{jam}{f' ({local})' if local else ''}")
         _print(n.loop, depth, out)
     elif isinstance(n, LCopy):

@@ -10,6 +10,7 @@ fallback (-DTC_VEC=0) still right."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 from pathlib import Path
@@ -547,10 +548,11 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     element and its vector accumulators across the whole nest, as the passes print, with each
     row's last elements in a masked vector (30 columns: 16 + 14 on AVX-512, 24 + 6 on AVX2; rows
     shorter than a vector, 7 or 12 columns, in that masked vector alone); the
-    sums take the elements of the short loops around them at once (the weight gradient's 3x3
-    window, one accumulator a tap, its masked vector included: nine fit every target; on AVX-512
-    two filters' windows, a strip of the filter loop), max and
-    min one element each;
+    sums take the elements of the short loops around them at once, one accumulator each, its
+    masked vector included, in the way with the fewest loads per multiply-add that the target's
+    accumulators hold (the weight gradient of 4 filters: AVX2's 12 hold a strip of 2 filters x the
+    window's 3 columns, 5 loads for 6 multiply-adds, rather than one filter's whole 3x3 window, 10
+    for 9; AVX-512's 24 hold 2 filters' whole windows, 11 for 18), max and min one element each;
     sums close to float64 within the terms' roundings, max and min exact, and a NaN in a row's
     masked part reaches the sum, max and min."""
     rng = np.random.default_rng(11)
@@ -567,10 +569,10 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
     assert len(lines) == 4 and all(form in x for x in lines.values()), text
     assert all(", " in x.split(" over ")[1].split(" in a local")[0] for x in lines.values()), text  # nests, not rows
     assert "at once" in lines["S1"] and "at once" in lines["S4"], text  # the sums: several elements at once
-    # the weight gradient's whole 3x3 window, one accumulator a tap (AVX2 holds nine too); where the
-    # target holds twice as many, two filters at once (a strip of them), sharing the input's loads
-    assert re.search(r"the elements of (c\d+s, )?c\d+, c\d+ at once", lines["S4"]), text
-    assert bool(re.search(r"of c\d+s, ", lines["S4"])) == (9 * vecloop.STRIP <= target.accumulators), text
+    # a strip of 2 filters (all that 4 filters split into) sharing the input's loads, with the
+    # window's columns, or its whole window where 18 accumulators fit
+    window = r" \(3\), c\d+ \(3\)" if 18 <= target.accumulators else r" \(3\)"
+    assert re.search(rf"the elements of c\d+s \(2\), c\d+{window} at once", lines["S4"]), text
     assert "at once" not in lines["S2"] + lines["S3"], text  # max and min: one element each
     S, MX, MN, dW = k(A, B, dO, I)
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
@@ -588,12 +590,14 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
 
 def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarget.CpuTarget) -> None:
     """A weight gradient's jammed sum makes each distinct load of a step once, into a local: the
-    input's nine taps, and the output gradient once per filter of the strip. Loads that several
-    elements use are held in registers (tc_keep), so GCC cannot reload them as operands of each
-    multiply-add, and the step loop is not unrolled (two steps' registers would spill); the
-    result matches float64."""
+    input's taps, and the output gradient once per filter of the strip. Loads that several
+    elements use are held in registers (tc_keep) as far as the registers beside the accumulators
+    go, so GCC cannot reload them as operands of each multiply-add; each other load comes just
+    before the updates that use it (AVX2, 4 filters x 3 taps: the output gradient's, used by three
+    updates each, one register at a time); the step loop is not unrolled (two steps' registers
+    would spill); the result matches float64."""
     rng = np.random.default_rng(12)
-    N, F, C, H, W = 2, 4, 3, 5, 48
+    N, F, C, H, W = 2, 8, 3, 5, 48
     A, B, dO, I = (rng.standard_normal(s).astype(np.float32)
                    for s in ((N, F, W), (N, C, W), (N, F, H, W), (N, C, H + 2, W + 2)))
     k = tc.define(NEST)
@@ -605,15 +609,30 @@ def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarge
             body = lines[i + 2:]
             steps.append([y.strip() for y in body[:next(j for j, y in enumerate(body) if y.strip() == "}")]])
     step = max(steps, key=len)  # dW's: the most elements
-    strip = vecloop.STRIP if 9 * vecloop.STRIP <= target.accumulators else 1
+    plan = re.search(r"accumulate dW over .*, the elements of (.*) at once", src)
+    assert plan is not None, src
+    sizes = [int(x) for x in re.findall(r"\((\d+)\)", plan.group(1))]
+    strip, taps = sizes[0], math.prod(sizes[1:])  # the filters' strip first, then the window's loops
+    assert "s (" in plan.group(1) and strip * taps <= target.accumulators, plan.group(0)
     declared = [x for x in step if "_load(&" in x]
     updates = [x for x in step if x.startswith("q") and "_fma(" in x]
-    assert len(updates) == 9 * strip and len(declared) == 9 + strip, "\n".join(step)
+    assert len(updates) == taps * strip and len(declared) == taps + strip, "\n".join(step)
     assert all("_load(" not in x for x in updates), "\n".join(step)  # every operand a local
+
+    def uses(name: str, lines: list[str]) -> int:
+        return sum(u.count(f"({name},") + u.count(f" {name},") for u in lines)
+
+    spare = target.vector_registers - strip * taps - 1
+    kept = [x for x in declared if "tc_keep(" in x]
+    assert len(kept) == min(spare, len(declared)), "\n".join(step)
     for x in declared:
         name = x.split(" = ")[0].split()[-1]
-        shared = sum(u.count(f"({name},") + u.count(f" {name},") for u in updates) > 1
-        assert ("tc_keep(" in x) == shared, x
+        assert uses(name, updates) > 1 or "tc_keep(" not in x, x
+        if "tc_keep(" not in x:  # its updates follow it, before the next load
+            at = step.index(x)
+            after = step[at + 1:]
+            end = next((i for i, y in enumerate(after) if "_load(&" in y), len(after))
+            assert uses(name, after[:end]) == uses(name, updates), "\n".join(step)
     *_, dW = k(A, B, dO, I)
     win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))[:, :, :H, :W]
     ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
@@ -977,7 +996,6 @@ def test_large_write_once_outputs_stream(D: int, target: cputarget.CpuTarget, mo
     aligned, with a fence per thread before the parallel loop's barrier; an output the kernel reads
     back (Y, read by Z) is stored as usual. The values are the plain stores' bits, on aligned
     and unaligned rows (D = 1000 floats) and in the overlapping last vector."""
-    from tcdsl.codegen import vecloop
 
     X = np.random.default_rng(13).standard_normal((96, D)).astype(np.float32)
     k = tc.define(SOFTMAX_THEN_READ)
@@ -1015,7 +1033,6 @@ def test_large_pointwise_loops_prefetch_the_inputs_they_alone_read(D: int, targe
     raised), a vector loop fetches the rows of the inputs no other statement reads PREFETCH_BYTES
     ahead (A; not B, which both statements read, nor C, reused by every row), and
     the pass prints it; the values are the bits of the loop without prefetches."""
-    from tcdsl.codegen import vecloop
 
     rng = np.random.default_rng(D)
     A, B = (rng.standard_normal((40, D)).astype(np.float32) for _ in range(2))
