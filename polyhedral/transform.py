@@ -64,6 +64,7 @@ class MemberInfo:
     stride: int = 0  # bytes the widest-moving read advances per step of the member (0: none known)
     whole: int = 0  # the range of the one index it steps over the statement's whole domain (before
     # polyhedral.split cut it into pieces; 0 where it steps several)
+    tied: bool = False  # the ranges of the statement's other indices move with it (a boundary piece's rows)
 
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions,
@@ -250,17 +251,33 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # the boundary columns polyhedral.split cuts from a padded conv (one or two wide): the
     # register tile runs along the image's height instead (single thread, 8x64x56x56 conv with
     # 3x3 padding: 11.2 ms against 19.1 ms with the columns' reductions innermost)
-    longer = [i for i in par if infos[i].extent >= 4]
+    # (nor along a member of a boundary piece that the reductions' bounds move with, four or more
+    # values narrower than a vector: a 5x5 window's boundary rows)
+    def cut_short(i: int) -> bool:
+        return boundary and infos[i].tied and 4 <= infos[i].extent < lanes
+
+    longer = [i for i in par if infos[i].extent >= 4 and not cut_short(i)]
     # (not where a reduction longer than a window walks memory contiguously: a padded 3x3 weight
     # gradient's piece, one tap of the window summed over images, rows and columns, whose register
     # tile would run across the filters or channels: 8x16x32x32, 32 filters, 15.0 ms against 2.7
     # ms for its reductions innermost on AVX-512, 13.6 against 1.6 on AVX2; 32 images 8x8 with 4
-    # filters, 140 against 41 us)
-    column = boundary and bool(red) and contig is not None and infos[contig].extent < 4 and bool(longer) and \
-        not any(infos[i].contiguous > 0 and infos[i].extent > SMALL_WINDOW for i in red)
+    # filters, 140 against 41 us; a window's columns, whose range moves with the piece's, are no
+    # such reduction: the input gradient of a 5x5 or 7x7 conv, whose boundary columns are four or
+    # six wide, AVX2 8x16x32x32 with 32 filters 5x5: 1.6 -> 47 GFLOP/s)
+    column = boundary and bool(red) and contig is not None and (infos[contig].extent < 4 or cut_short(contig)) and \
+        bool(longer) and not any(infos[i].contiguous > 0 and infos[i].extent > SMALL_WINDOW and not infos[i].tied
+                                 for i in red)
     narrow = contig  # a boundary column's own contiguous member (one or two wide)
     if column:
         contig = best = longer[-1]
+    # (nor where the contiguous member is narrower than a vector and a reduction at least a vector
+    # long walks memory as contiguously, moving no access along an outer dim: a weight gradient of a
+    # 5x5 or 7x7 window, whose register tile would run across the channels, gathered, while its
+    # jammed sum runs along the rows of both operands. AVX2, 2 threads: 8x16x32x32, 32 filters 5x5,
+    # 1.9 -> 56 GFLOP/s; 7x7, 3.9 -> 41)
+    narrow_contig = contig is not None and infos[contig].extent < lanes and not column and any(
+        infos[r].contiguous >= infos[contig].contiguous and infos[r].strided == 0 and infos[r].extent >= lanes
+        for r in red)
     if target.half_vectors and contig is not None and lanes // 2 <= infos[contig].extent < lanes:
         lanes //= 2  # rows shorter than a vector run in half vectors (codegen.vectile: narrow tiles)
     row = None
@@ -268,7 +285,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # (not when the contiguous member is a few wide, as a 3x3 weight gradient's: its register tile
     # would run across a strided member, 1.05 s against 27 ms for reductions innermost)
     if red and contig is not None and (infos[contig].contiguous > 0 or column) and best in par and \
-            not 0 < infos[contig].extent < 4:
+            not 0 < infos[contig].extent < 4 and not narrow_contig:
         others = [i for i in par if i != contig]
         ranked = sorted(others, key=lambda i: (infos[i].invariant, i), reverse=True)
         # a member one wide outside the others (a batch of one) leads no rows: every read is
@@ -281,7 +298,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         row = ranked[0] if ranked else None
         # a second row member (conv: output channel x output row) when it too leaves an operand
         # in place: more accumulators per operand loaded
-        rows = [r for r in ranked[:2] if r == row or (infos[r].invariant > 0 and infos[r].extent >= 4)]
+        rows = [r for r in ranked[:2]
+                if r == row or (infos[r].invariant > 0 and infos[r].extent >= 4 and not cut_short(r))]
         order = [i for i in others if i not in rows] + sorted(rows) + [contig] + red
     elif par and not red:
         order = [i for i in range(n) if i != best] + [best]
@@ -385,7 +403,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         return next((t for t in range(want, max(step, want // 2) - 1, -step) if infos[i].extent % t == 0), want)
 
     def default_register(i: int) -> int:
-        if not red:
+        if not red or cut_short(i):
             return 1
         if channel_vectors:
             rows_along = channel_rows or budget * lanes // channel_vectors
@@ -760,6 +778,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
     total = sum(counts.values()) or 1
     contiguous = invariant = strided = 0.0
     extent = stride = whole = 0
+    tied = False
     for dom in sets:
         st = scop.stmt(dom.get_tuple_name())
         weight = counts[st.name] / total
@@ -774,6 +793,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
                        and _index_range(scop, st.name, k) > 1][:2]
         if len(stepped) == 1 and abs(direction[stepped[0]]) in (0, 1):
             whole = max(whole, _index_range(scop, st.name, stepped[0]))
+            tied = tied or _tied(dom, stepped[0])
         tc = scop.tc_statement(st.name)
         subs_list = [acc.subs for acc in tc.accesses if acc.kind in ("read", "cond")]
         subs_list.append(tuple(Sym.var(x, "index") for x in tc.lhs))
@@ -789,7 +809,18 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
                 contiguous += weight
             else:
                 strided += weight
-    return MemberInfo(contiguous, invariant, strided, extent, stride, whole)
+    return MemberInfo(contiguous, invariant, strided, extent, stride, whole, tied)
+
+
+def _tied(dom: isl.Set, k: int) -> bool:
+    """Whether the other dims' ranges in ``dom`` depend on the value of dim ``k``: ``dom`` is not
+    the product of dim ``k``'s range and the rest (a guard ``kh <= h`` in a boundary piece)."""
+    n = dom.dim(isl.dim_type.set)
+    line = dom.project_out(isl.dim_type.set, k + 1, n - k - 1).project_out(isl.dim_type.set, 0, k)
+    line = line.insert_dims(isl.dim_type.set, 0, k).add_dims(isl.dim_type.set, n - k - 1)
+    if dom.has_tuple_name():
+        line = line.set_tuple_name(dom.get_tuple_name())
+    return not dom.eliminate(isl.dim_type.set, k, 1).intersect(line).is_equal(dom)
 
 
 def _index_range(scop: Scop, name: str, k: int, dom: isl.Set | None = None) -> int:

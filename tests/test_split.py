@@ -281,3 +281,28 @@ def test_max_and_int_reductions_split_exactly() -> None:
     np.testing.assert_array_equal(Sm, want_s)
     low = k.lowered(X, Y)
     assert _pieces_of(low, "S1") == 9 and _pieces_of(low, "S2") == 9
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+@pytest.mark.parametrize("window", [5, 7])
+def test_wide_windows_boundary_pieces_keep_register_tiles(window: int, target: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input gradient of a 5x5 or 7x7 conv: its boundary pieces are four or six rows or columns
+    wide, and the window's bounds move with them (kh <= h). No register tile runs along such a
+    member (its trip counts would move with the reduction's): every piece of the sum runs in a
+    register tile, none in scalars. The numbers are numpy's where this machine runs the target."""
+    source, _, reference = CASES["input_grad"]
+    k = tc.define(source.replace("3, 3)", f"{window}, {window})"))
+    args = _inputs([(2, 4, 14, 16), (4, 16, window, window)], seed=9)
+    text = str(k.lowered(*args, target=target).passes[-1][1])
+    pieces = [line for line in text.splitlines() if line.strip().startswith("S1(")]
+    tiles = [line for line in text.splitlines() if "register tile of S1" in line]
+    assert len(pieces) == 9 and len(tiles) == 9, text
+    # vectors along the channels, or (AVX-512) along the columns of the pieces where they are whole
+    assert all("along c," in line or "along w," in line for line in tiles), tiles
+    if target not in runnable_of(target):
+        return  # the plan is checked; this machine cannot run the target's code
+    monkeypatch.setenv("TCDSL_CPU", target)
+    dO, W = args
+    want = _np_conv(dO, W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), (window - 1, window - 1))
+    assert_close(k(*args), want, terms=4 * window * window, scale=reduction_scale(*args))

@@ -640,6 +640,30 @@ def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarge
     assert_close(dW, ref, terms=N * H * W, scale=scale, dtype="float32")
 
 
+@pytest.mark.parametrize("window", [5, 7])
+def test_weight_gradients_of_wide_windows_sum_along_rows(window: int, target: cputarget.CpuTarget) -> None:
+    """The weight gradient of a 5x5 or 7x7 conv: the window's columns (the target's contiguous
+    member) are narrower than a vector, and the rows summed over walk both operands contiguously.
+    So the reductions run innermost, in vectors along the rows, the window's columns taken at
+    once (with a strip of filters where the accumulators hold it), and no register tile runs across
+    the channels, gathered; the numbers are numpy's."""
+    rng = np.random.default_rng(14)
+    N, F, C, H, W = 2, 8, 3, 2 * window + 3, 3 * window
+    I = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    dO = rng.standard_normal((N, F, H - window + 1, W - window + 1)).astype(np.float32)
+    k = tc.define("""def dw(float(N,C,H,W) I, float(N,F,OH,OW) dO) -> (dW) {
+        dW(f, c, kh, kw) +=! dO(r_n, f, r_h, r_w) * I(r_n, c, r_h + kh, r_w + kw) where kh in 0:KH, kw in 0:KW
+    }""".replace("KH", str(window)).replace("KW", str(window)))
+    text = str(dict(k.lowered(I, dO).passes)["vectorise"])
+    assert "register tile" not in text, text
+    sums = [line for line in text.splitlines() if "// accumulate S1 over" in line]
+    assert len(sums) == 1 and re.search(rf"the elements of (c\d+s \(\d+\), )?c\d+ \({window}\) at once", sums[0]), text
+    win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (window, window), axis=(2, 3))
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, dO), ref, terms=dO[:, 0].size, scale=scale, dtype="float32")
+
+
 def test_reduction_nests_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With the vector code turned off (-DTC_VEC=0), the nests' scalar form (the jammed loops run
     again around each element's sum, the filters' strips too) gives the vector form's numbers."""
