@@ -428,14 +428,14 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
         taken.insert(0, f)
         count *= trips
     best: tuple[tuple[float, int], list[LFor], tuple[int, int] | None] | None = None
-    for k in range(len(taken)):  # the innermost loops, from all of them to one
+    for k in range(len(taken) + 1):  # the innermost loops, from all of them to none (a strip alone)
         jammed = taken[k:]
         elements = math.prod(trip_count(f) or 1 for f in jammed)
-        if elements < 2:
-            continue
         outer = chain[:len(chain) - len(jammed)]
         options: list[tuple[int, int] | None] = [None, *_strips(em, outer, jammed, elements, acc, s)]
         for strip in options:
+            if elements * (strip[1] if strip else 1) < 2:
+                continue
             sizes = {f.var: trip_count(f) or 1 for f in jammed}
             if strip is not None:
                 sizes[outer[strip[0]].var] = strip[1]

@@ -306,3 +306,31 @@ def test_wide_windows_boundary_pieces_keep_register_tiles(window: int, target: s
     dO, W = args
     want = _np_conv(dO, W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3), (window - 1, window - 1))
     assert_close(k(*args), want, terms=4 * window * window, scale=reduction_scale(*args))
+
+
+@pytest.mark.parametrize("window", [3, 5, 7])
+def test_padded_weight_gradients_sum_their_rows_in_vectors(window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weight gradient of a padded conv: the window's rows and columns are tied to the rows and
+    columns summed over (0 <= h + kh - p < H). Its boundary values are cut one by one, as far as
+    MAX_PIECES allows (the columns first), so that in every piece the columns summed over have a
+    constant range: each piece sums them innermost, in vectors (whatever order the scheduler left
+    the reductions in), several elements at once; the numbers are numpy's."""
+    p = window // 2
+    conv = tc.define(f"""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {{
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh - {p},w + r_kw - {p}) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+    }}""")
+    k = tc.define(conv.backward_source(wrt=["W1"]))  # the derived weight gradient, as training runs it
+    monkeypatch.setenv("TCDSL_CPU", "avx2" if "avx2" in runnable_of("avx2") else "generic")
+    rng = np.random.default_rng(10)
+    I, dO = (rng.standard_normal(s).astype(np.float32) for s in ((8, 3, 12, 20), (8, 8, 12, 20)))
+    W = np.zeros((8, 3, window, window), np.float32)
+    text = str(dict(k.lowered(I, W, dO).passes)["vectorise"])
+    sums = [line for line in text.splitlines() if "// accumulate S1" in line]
+    pieces = window * window if window * window <= split.MAX_PIECES else 3 * window
+    assert len(sums) == pieces, text
+    assert all(re.search(r"the elements of .* at once \(simd; vector ", line) for line in sums), text
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (window, window), axis=(2, 3))
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, W, dO), ref, terms=8 * 12 * 20, scale=scale)
