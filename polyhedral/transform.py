@@ -525,7 +525,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             sum(1 < tile[i] < infos[i].extent for i in par) == 1:
         # reductions innermost, one parallel member cut into tiles: the others whole inside each of
         # its tiles, the tiles reuse nothing more than the loop whole, and its point loop would be
-        # cut short (a weight gradient's 40 filters in 32 + 8: no strips of two, codegen.vecloop)
+        # cut short (a weight gradient's 40 filters in 32 + 8: no whole strips, codegen.vecloop)
         tile = [0 if i in par else t for i, t in enumerate(tile)]
     if spread and options.tile is None and n == 1 and par:
         # One parallel loop: tiled, it is only cut into strips, which reuse nothing more. Around
