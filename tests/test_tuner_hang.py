@@ -195,6 +195,11 @@ def test_the_budget_stops_waiting_for_an_executor(faulty_cc: FaultyCC, tmp_path:
         print(f"budget {budget} s on an executor, time_on={time_on}: returned after {spent:.2f} s")
     finally:  # the owner ends the executor's tasks: no more hangs, and the hung compiles killed
         faulty_cc.set_mode("pass")
+        # a compile the tuner stopped waiting for may not have written its sleeper down yet (a busy
+        # machine): let its wrapper get there before it is killed
+        end = time.monotonic() + 5.0
+        while not faulty_cc.sleepers() and faulty_cc.marked() and time.monotonic() < end:
+            time.sleep(0.05)
         for pid in faulty_cc.marked():
             os.kill(pid, signal.SIGKILL)
         pool.shutdown(wait=True, cancel_futures=True)
