@@ -1020,7 +1020,6 @@ def test_large_write_once_outputs_stream(D: int, target: cputarget.CpuTarget, mo
     aligned, with a fence per thread before the parallel loop's barrier; an output the kernel reads
     back (Y, read by Z) is stored as usual. The values are the plain stores' bits, on aligned
     and unaligned rows (D = 1000 floats) and in the overlapping last vector."""
-
     X = np.random.default_rng(13).standard_normal((96, D)).astype(np.float32)
     k = tc.define(SOFTMAX_THEN_READ)
     plain_Y, plain_Z = k(X)  # small: plain stores
@@ -1057,7 +1056,6 @@ def test_large_pointwise_loops_prefetch_the_inputs_they_alone_read(D: int, targe
     raised), a vector loop fetches the rows of the inputs no other statement reads PREFETCH_BYTES
     ahead (A; not B, which both statements read, nor C, reused by every row), and
     the pass prints it; the values are the bits of the loop without prefetches."""
-
     rng = np.random.default_rng(D)
     A, B = (rng.standard_normal((40, D)).astype(np.float32) for _ in range(2))
     C = rng.standard_normal(D).astype(np.float32)
