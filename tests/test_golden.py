@@ -51,6 +51,11 @@ DEFS = {
                 "where r_kh in 0:2, r_kw in 0:2\n}", [(2, 4, 16, 16)]),
     "fc_relu": ("def fc(float(B,M) I, float(N,M) W1, float(N) B1) -> (O1) {\n  O1(b, n) +=! I(b, r_m) * W1(n, r_m)\n"
                 "  O1(b, n) = O1(b, n) + B1(n)\n  O1(b, n) = fmax(O1(b, n), 0)\n}", [(16, 64), (96, 64), (96,)]),
+    # a conv's weight gradient: summed over images, rows and columns in vectors along the rows, the
+    # window's columns and a strip of filters taken at once (AVX2 4 x 3, AVX-512 8 x 3 accumulators)
+    "weight_grad": ("def dw(float(N,C,H,W) I, float(N,F,OH,OW) dO) -> (dW) {\n"
+                    "  dW(f,c,kh,kw) +=! dO(r_n,f,r_h,r_w) * I(r_n,c,r_h + kh,r_w + kw) where kh in 0:3, kw in 0:3\n}",
+                    [(2, 4, 14, 26), (2, 16, 12, 24)]),
     # the same form where the weights are the smaller operand: they are transposed instead (tcdsl.layout)
     "tmm": ("def tmm(float(M,K) A, float(N,K) B) -> (C) {\n  C(m, n) +=! A(m, r_k) * B(n, r_k)\n}",
             [(48, 64), (40, 64)]),
