@@ -434,12 +434,12 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
         outer = chain[:len(chain) - len(jammed)]
         options: list[tuple[int, int] | None] = [None, *_strips(em, outer, jammed, elements, acc, s)]
         for strip in options:
-            if elements * (strip[1] if strip else 1) < 2:
+            total = elements * (strip[1] if strip else 1)
+            if total < 2:
                 continue
             sizes = {f.var: trip_count(f) or 1 for f in jammed}
             if strip is not None:
                 sizes[outer[strip[0]].var] = strip[1]
-            total = elements * (strip[1] if strip else 1)
             cost = (_loads(em, acc, s, sizes) / total, -total)
             if best is None or cost < best[0]:
                 best = (cost, jammed, strip)
