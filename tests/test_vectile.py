@@ -296,9 +296,11 @@ def test_a_conv_row_tile_prefetches_the_next_rows_of_its_input(target: cputarget
                          r"\((.*)\)\)\);", src)
     if tiles and all("lanes per row along f" in line for line in tiles):  # 4-lane targets: channel vectors
         assert not fetched and not any("prefetching" in line for line in tiles), tiles
-    else:
-        assert tiles and all("prefetching I along c3" in line for line in tiles), tiles
-        assert fetched and all("(c3 + 1)) + (2)) * 20L" in f for f in fetched), fetched
+    else:  # the loop of h, the output's row (its 4th index), whichever the target's schedule names it
+        row = re.search(r"S1\((?:[^,]+, ){3}(c\d+),", passes)
+        assert row is not None, passes
+        assert tiles and all(f"prefetching I along {row.group(1)}" in line for line in tiles), tiles
+        assert fetched and all(f"({row.group(1)} + 1)) + (2)) * 20L" in f for f in fetched), fetched
     got = k(I, W)
     assert_sum_close(got, lambda a, b: np.einsum("ngchwkl,gfckl->ngfhw", np.lib.stride_tricks.sliding_window_view(
         a, (3, 3), axis=(3, 4)), b, dtype=np.float64), I, W, terms=4 * 9)
@@ -602,15 +604,17 @@ def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarge
                    for s in ((N, F, W), (N, C, W), (N, F, H, W), (N, C, H + 2, W + 2)))
     k = tc.define(NEST)
     src = k.source(A, B, dO, I)
-    steps = []  # the bodies of the jammed sums' step loops (S's and dW's)
+    steps, starts = [], []  # the bodies of the jammed sums' step loops (S's and dW's), their lines
     lines = src.split("\n")
     for i, x in enumerate(lines):
         if x.strip() == "#pragma GCC unroll 1" and lines[i + 1].strip().startswith("for (; "):
             body = lines[i + 2:]
             steps.append([y.strip() for y in body[:next(j for j, y in enumerate(body) if y.strip() == "}")]])
-    step = max(steps, key=len)  # dW's: the most elements
+            starts.append(i)
     plan = re.search(r"accumulate dW over .*, the elements of (.*) at once", src)
     assert plan is not None, src
+    # dW's step loop: the first after its plan (S's sum may take other elements at once)
+    step = next(x for x, at in zip(steps, starts) if at > src[:plan.start()].count("\n"))
     sizes = [int(x) for x in re.findall(r"\((\d+)\)", plan.group(1))]
     strip, taps = sizes[0], math.prod(sizes[1:])  # the filters' strip first, then the window's loops
     assert "s (" in plan.group(1) and strip * taps <= target.accumulators, plan.group(0)
@@ -643,12 +647,13 @@ def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarge
 @pytest.mark.parametrize("window", [5, 7])
 def test_weight_gradients_of_wide_windows_sum_along_rows(window: int, target: cputarget.CpuTarget) -> None:
     """The weight gradient of a 5x5 or 7x7 conv: the window's columns (the target's contiguous
-    member) are narrower than a vector, and the rows summed over walk both operands contiguously.
-    So the reductions run innermost, in vectors along the rows, the window's columns taken at
-    once (with a strip of filters where the accumulators hold it), and no register tile runs across
-    the channels, gathered; the numbers are numpy's."""
+    member) are narrower than a vector, and the rows summed over (24 or 30 columns: longer than a
+    vector on every target) walk both operands contiguously. So the reductions run innermost, in
+    vectors along the rows, the window's columns taken at once (with a strip of filters where the
+    accumulators hold it), and no register tile runs across the channels, gathered; the numbers
+    are numpy's."""
     rng = np.random.default_rng(14)
-    N, F, C, H, W = 2, 8, 3, 2 * window + 3, 3 * window
+    N, F, C, H, W = 2, 8, 3, 2 * window + 3, 4 * window + 8
     I = rng.standard_normal((N, C, H, W)).astype(np.float32)
     dO = rng.standard_normal((N, F, H - window + 1, W - window + 1)).astype(np.float32)
     k = tc.define("""def dw(float(N,C,H,W) I, float(N,F,OH,OW) dO) -> (dW) {
