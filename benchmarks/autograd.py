@@ -74,7 +74,7 @@ from tcdsl.compiler import cpu_target
 EPS32 = float(np.finfo(np.float32).eps)
 C_ERR = bench.C_ERR  # allowance per summed term, in units of eps
 BATCH_S = bench.BATCH_S  # a timed sample repeats a faster step until at least this long
-MEM_REPEATS = 3
+MEM_REPEATS = 9
 SPEED_TARGET = 0.8  # torch time / tcdsl time, per layer
 TUNED_TARGET = 1.0  # the same with --tune
 TUNED_TARGET_HIGH = {"group_conv": 1.5, "embed_bag": 1.5}  # layers with a higher tuned target
