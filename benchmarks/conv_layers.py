@@ -7,8 +7,11 @@ Each layer is one TC def written as a user writes it: padding by domain (``I(n, 
 kw - p)`` with ``where h in 0:OH, w in 0:OW``: the reads outside the image are left out of the sum)
 and strides in the subscripts. torch runs ``F.conv2d(..., stride, padding)`` on the same tensors.
 A round times one forward and one forward + backward (gradients of the input and the weights) of
-each contender, the order alternating, after warm-up calls that compile tcdsl's kernels; every
-sample starts once the previous one's thread pools have stopped spinning (tcdsl.bench.quiesce).
+each contender, the first rotating, after warm-up calls that compile tcdsl's kernels, as
+tcdsl.bench.measure does: each sample waits until the previous one's thread pools have stopped
+spinning, makes one untimed call that wakes its own pools, then times a batch of calls lasting at
+least 20 ms (back-to-back layers, as in a training step, rather than the wake-up of sleeping
+threads: on a VM a parallel region after an idle pause can wait 4-8 ms for a descheduled vCPU).
 The table gives medians, GFLOP/s (a forward's 2·N·F·C·KH·KW·OH·OW; forward + backward three
 times that), tcdsl's share of the machine's float32 FMA peak (measured in the same run, as
 benchmarks/cpu.py does, with the target's real vector width) and the speed ratios ``torch time /
@@ -21,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,14 +112,7 @@ def run(layer: Layer, rounds: int) -> dict[str, float]:
     }
     for call in contenders.values():
         call()
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    order = list(contenders)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else reversed(order):
-            bench.quiesce()
-            t0 = time.perf_counter()
-            contenders[name]()
-            samples[name].append(time.perf_counter() - t0)
+    samples = bench.measure([bench.Variant(name, call) for name, call in contenders.items()], rounds)
     out = {name: median_ms(s) for name, s in samples.items()}
     out["err"] = err
     return out

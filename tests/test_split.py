@@ -334,3 +334,30 @@ def test_padded_weight_gradients_sum_their_rows_in_vectors(window: int, monkeypa
     ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
     scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
     assert_close(k(I, W, dO), ref, terms=8 * 12 * 20, scale=scale)
+
+
+def test_single_tap_pieces_take_strips_of_filters_and_channels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A padded 3x3 conv's weight gradient: each boundary piece sums one tap, so no window loop is
+    left to take into the sum, and one loop of 16 channels would load the input 16 times for 16
+    multiply-adds. Its pieces take strips of both the filters and the channels at once (the
+    accumulators holding their product), each load shared by a strip of the other; the numbers are
+    numpy's."""
+    conv = tc.define("""def conv(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh - 1,w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H, w in 0:W
+    }""")
+    k = tc.define(conv.backward_source(wrt=["W1"]))
+    target = "avx2" if "avx2" in runnable_of("avx2") else "generic"
+    monkeypatch.setenv("TCDSL_CPU", target)
+    rng = np.random.default_rng(11)
+    I, dO = (rng.standard_normal(s).astype(np.float32) for s in ((2, 16, 9, 21), (2, 32, 9, 21)))
+    W = np.zeros((32, 16, 3, 3), np.float32)
+    text = str(dict(k.lowered(I, W, dO).passes)["vectorise"])
+    sums = [line for line in text.splitlines() if "// accumulate S1" in line]
+    assert len(sums) == 9, text
+    if target == "avx2":  # 12 accumulators: 2 filters x 4 channels (6 loads for 8 multiply-adds)
+        assert all(re.search(r"the elements of c\d+s \(\d\), c\d+s \(\d\) at once", line) for line in sums), text
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (3, 3), axis=(2, 3))
+    ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, W, dO), ref, terms=2 * 9 * 21, scale=scale)
