@@ -395,7 +395,7 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     same one): the loads their reads share are made once per vector, not once per element. The
     innermost loops are taken (a weight gradient's window columns, or its whole window), and
     possibly a strip of a parallel loop further out (``_strips``: its filters, which share the
-    input's loads), or with no loop taken strips of two (``_strip_sets``); of the ways that keep
+    input's loads), or where no loop taken shifts a read strips of two (``_strip_sets``); of the ways that keep
     the accumulators within the target's, the one with the fewest loads per multiply-add
     (``_loads``). None where there is no such nest. Weight gradients
     on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms; group conv 8x32x16x28x28, 17.9 ->
@@ -428,12 +428,14 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
             break
         taken.insert(0, f)
         count *= trips
+    vec = acc.loops[-1].var  # the loop the sum runs along in vectors
+    shifted = [f for f in taken if any(f.var in moved and vec in moved for moved in _moved(args, s))]
     best: tuple[tuple[float, int], list[LFor], tuple[tuple[int, int], ...]] | None = None
     for k in range(len(taken) + 1):  # the innermost loops, from all of them to none (strips alone)
         jammed = taken[k:]
         elements = math.prod(trip_count(f) or 1 for f in jammed)
         outer = chain[:len(chain) - len(jammed)]
-        for strips in _strip_sets(em, outer, jammed, elements, acc, s):
+        for strips in _strip_sets(em, outer, jammed, elements, acc, s, pairs=not any(shifted)):
             total = elements * math.prod(size for _, size in strips)
             if total < 2:
                 continue
@@ -492,16 +494,25 @@ STRIPS = (2, 3, 4, 6, 8)
 PARALLEL_UNITS = 4  # a strip leaves the parallel loops around the sum at least this many iterations a core
 
 
+def _moved(args: dict[str, LExpr], s: Statement) -> list[set[str]]:
+    """The loop variables each subscript of each read of ``s`` moves with (``args``: the call's
+    argument of each of the statement's indices)."""
+    return [{v for i in x.indices() for v in expr_vars(args[i])}
+            for r in reads(s.rhs) for x in r.subs if isinstance(x, Sym)]
+
+
 def _strip_sets(em: Facts, outer: list[LFor], taken: list[LFor], count: int, acc: LAccum,
-                s: Statement) -> list[tuple[tuple[int, int], ...]]:
+                s: Statement, pairs: bool) -> list[tuple[tuple[int, int], ...]]:
     """The strips ``jam`` may cut around the sum besides the ``taken`` loops (``count`` elements):
-    none, one (``_strips``), or, with no loop taken, one of each of two loops (a padded conv's
+    none, one (``_strips``), or, with ``pairs`` (no loop that could be taken shifts a read along
+    the vectors, as a window's columns do), one of each of two loops (a padded conv's
     single-tap weight gradient: 4 filters x 4 channels, 8 loads for 16 multiply-adds, where its 16
     channels alone load 17), within the target's accumulators and leaving the parallel loops around
     the sum PARALLEL_UNITS iterations a core (or as many as they had). 2 threads, 8x16x32x32 padded
     by 1, 32 filters 3x3: AVX-512 5.9 -> 1.6 ms, AVX2 5.5 -> 2.0 ms. Beside taken window columns a
-    second strip saves loads that hit the same cache lines: AVX-512's 4 filters x 2 channels x 3
-    columns (10 loads for 24) ran 0.52 ms against 0.48 for 8 filters x 3 columns (11 for 24)."""
+    second strip, or two in their place, saves loads that hit the same cache lines: AVX-512's 4
+    filters x 2 channels x 3 columns (10 loads for 24) ran 0.52 ms against 0.48 for 8 filters x 3
+    columns (11 for 24)."""
     units = math.prod(trip_count(g) or 1 for g in outer if g.parallel)
     least = min(units, PARALLEL_UNITS * em.target.cores)
     args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
@@ -512,7 +523,7 @@ def _strip_sets(em: Facts, outer: list[LFor], taken: list[LFor], count: int, acc
     out: list[tuple[tuple[int, int], ...]] = [()]
     for first in _strips(em, outer, taken, count, acc, s):
         out.append((first,))
-        for second in _strips(em, outer, taken, count * first[1], acc, s) if not taken else []:
+        for second in _strips(em, outer, taken, count * first[1], acc, s) if pairs else []:
             if second[0] > first[0] and units // (first[1] * second[1]) >= least and \
                     not moves(first[0]) & moves(second[0]):  # each element its own accumulator
                 out.append((first, second))
