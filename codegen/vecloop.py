@@ -395,10 +395,10 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
     same one): the loads their reads share are made once per vector, not once per element. The
     innermost loops are taken (a weight gradient's window columns, or its whole window), and
     possibly a strip of a parallel loop further out (``_strips``: its filters, which share the
-    input's loads), or where no loop taken shifts a read strips of two (``_strip_sets``); of the ways that keep
-    the accumulators within the target's, the one with the fewest loads per multiply-add
-    (``_loads``). None where there is no such nest. Weight gradients
-    on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms; group conv 8x32x16x28x28, 17.9 ->
+    input's loads), or strips of two loops where no loop it could take shifts a read along the
+    vectors (``_strip_sets``); of the ways that keep the accumulators within the target's, the
+    one with the fewest loads per multiply-add (``_loads``). None where there is no such nest.
+    Weight gradients on 2 threads (AVX-512): conv 8x16x32x32, 3x3, 1.45 -> 0.76 ms; group conv 8x32x16x28x28, 17.9 ->
     10.2 ms. AVX2 (Zen 1): the window's columns for 4 filters (12 accumulators, 7 loads for 12
     multiply-adds) rather than the whole window for one filter (9, 10 loads for 9): conv
     8x16x32x32, 32 filters 3x3, 1.44 -> 1.07 ms."""
@@ -428,7 +428,7 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
             break
         taken.insert(0, f)
         count *= trips
-    vec = acc.loops[-1].var  # the loop the sum runs along in vectors
+    vec = acc.loops[-1].var if acc.loops else None  # the loop the sum runs along in vectors
     shifted = [f for f in taken if any(f.var in moved and vec in moved for moved in _moved(args, s))]
     best: tuple[tuple[float, int], list[LFor], tuple[tuple[int, int], ...]] | None = None
     for k in range(len(taken) + 1):  # the innermost loops, from all of them to none (strips alone)
