@@ -429,13 +429,13 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
         taken.insert(0, f)
         count *= trips
     vec = acc.loops[-1].var if acc.loops else None  # the loop the sum runs along in vectors
-    shifted = [f for f in taken if any(f.var in moved and vec in moved for moved in _moved(args, s))]
+    shifted = any(f.var in moved and vec in moved for moved in _moved(args, s) for f in taken)
     best: tuple[tuple[float, int], list[LFor], tuple[tuple[int, int], ...]] | None = None
     for k in range(len(taken) + 1):  # the innermost loops, from all of them to none (strips alone)
         jammed = taken[k:]
         elements = math.prod(trip_count(f) or 1 for f in jammed)
         outer = chain[:len(chain) - len(jammed)]
-        for strips in _strip_sets(em, outer, jammed, elements, acc, s, pairs=not any(shifted)):
+        for strips in _strip_sets(em, outer, jammed, elements, acc, s, pairs=not shifted):
             total = elements * math.prod(size for _, size in strips)
             if total < 2:
                 continue
