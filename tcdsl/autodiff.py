@@ -33,7 +33,8 @@ from .core.sema import BUILTINS, check_module
 from .derivative import IndexExpr, Key, cmp, const, diff, key_of, mul, plain_var, read_text, rewrite
 from .derivative import unconditional_reads as uncond
 from .gradlines import Line, tidy
-from .gradpad import Pad, pads
+from .gradpad import Pad, Split, pads, splits
+from .gradphase import phases, read_back
 from .grammar import parse
 from .shift import invariant_shifts
 
@@ -478,20 +479,35 @@ class _Deriver:
         lhs_syms = tuple(Sym.var(y, "index") for y in ri.lhs)
         domain = [_as_read(rewrite(r, index=ri.env)) for r in self._domain(k, s)]
         domain = [r for r in domain if not (r.tensor == vname and r.subs == lhs_syms)]
-        where = [f"{y} in 0:{d}" for y, d in zip(ri.lhs, target.dims)]
-        where += [str(s.range(v)) for v in ri.free]
         box = {y: (Sym.of(0), d) for y, d in zip(ri.lhs, target.dims)}
         box.update({v: (s.range(v).lo, s.range(v).hi) for v in ri.free})
-        if ri.free:  # a sum over a window: its factors read out of bounds from zero-padded copies
-            for p in pads(value, box, tuple(ri.lhs), self._dims_of):
+        lhs, free = tuple(ri.lhs), tuple(ri.free)
+        ph = phases(value, box, lhs, free, self._dims_of, self.fresh) if free and not ri.guards else None
+        if ph is not None:  # a strided sum, in phases: into a temporary, read back below
+            value = rewrite(value, index=ph.env)
+            domain = [_as_read(rewrite(r, index=ph.env)) for r in domain]
+            box = {**{y: box[y] for y in lhs if y not in ph.env}, **ph.ranges,
+                   **{v: box[v] for v in free if v not in ph.env}}
+            lhs, free = ph.lhs, ph.free
+        where = [f"{y} in {box[y][0]}:{box[y][1]}" for y in (*lhs, *free)]
+        if free:  # a sum over a window: its factors read out of bounds from zero-padded copies
+            for p in pads(value, box, lhs, self._dims_of):
                 value = _substitute(value, p.read, p.shifted(self._padded(p)))
                 domain = [r for r in domain if (r.tensor, r.subs) != (p.read.tensor, p.read.subs)]
+            for sp in splits(value, box, free, self._dims_of):
+                value = _substitute(value, sp.read, sp.reread(self._split(sp), box))
+                domain = [r for r in domain if (r.tensor, r.subs) != (sp.read.tensor, sp.read.subs)]
         where += self._exists(domain, value, box)
+        if ph is not None:
+            summed = self.fresh(f"d_{t}_phases")
+            self._emit(summed, list(lhs), "+=!", convert(value, target.dtype), where)
+            value, free = read_back(summed, target.dtype, ph), ()
+            where = [f"{y} in 0:{d}" for y, d in zip(ri.lhs, target.dims)]
         st = self.state.get(t)
         if st is None:
             name = self.fresh(f"d_{t}")
             self.state[t] = ("work", name)
-            op = "=" if not ri.free else "+=!"  # nothing left to sum: each point takes one contribution
+            op = "=" if not free else "+=!"  # nothing left to sum: each point takes one contribution
         else:
             name = st[1] if st[0] == "work" else self._work_copy(t, st[1])
             op = "+="
@@ -551,6 +567,21 @@ class _Deriver:
             subs = tuple(Sym.var(i, "index") - lo for i, lo in zip(idx, p.low))
             self._emit(name, idx, "=", Read(p.read.dtype, p.read.tensor, subs),
                        [f"{i} in 0:{e}" for i, e in zip(idx, p.extents)])
+        return name
+
+    def _split(self, sp: Split) -> str:
+        """The deinterleaved copy ``sp`` reads, made once before its first reader (``gradpad``)."""
+        fixed = sp.read.tensor in self.value_of or ("param", sp.read.tensor) in self.state.values()
+        key = (sp.read.tensor, "split", sp.stride)
+        name = self.pad_copies.get(key) if fixed else None
+        if name is None:
+            name = self.fresh(f"{sp.read.tensor}_split")
+            if fixed:
+                self.pad_copies[key] = name
+            idx = [self.fresh(f"p{k}") for k in range(len(sp.extents))]
+            *head, q, b = (Sym.var(i, "index") for i in idx)
+            self._emit(name, idx, "=", Read(sp.read.dtype, sp.read.tensor, (*head, b * sp.stride + q)),
+                       [f"{i} in 0:{e}" for i, e in zip(idx, sp.extents)])
         return name
 
     def _inside(self, r: Read, box: dict[str, tuple[Sym, Sym]]) -> bool:
