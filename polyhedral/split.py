@@ -97,7 +97,10 @@ def _from_zero(band: isl.ScheduleNode) -> isl.ScheduleNode:
     mupa = band.band_get_partial_schedule()
     for i in range(band.band_n_member()):
         upa = mupa.get_union_pw_aff(i)
-        lo = upa.intersect_domain(dom).min_val()
+        try:
+            lo = upa.intersect_domain(dom).min_val()
+        except isl.Error:  # a quasi-affine member (a floor of the piece's indices): left where it starts
+            continue
         if lo.is_int() and not lo.is_zero():
             mupa = mupa.set_union_pw_aff(i, upa.sub(isl.UnionPwAff.val_on_domain(dom, lo)))
     coincident = [band.band_member_get_coincident(i) for i in range(band.band_n_member())]

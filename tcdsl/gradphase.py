@@ -49,9 +49,9 @@ def phases(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...
             continue
         for sub, dim in zip(r.subs, dims):
             if isinstance(sub, Sym) and len(sub.terms) == 1 and sub.const == 0 and sub.terms[0][1] == 1:
-                a = sub.terms[0][0]
-                if isinstance(a, Var) and a.name in free and box[a.name] == (Sym.of(0), dim):
-                    whole.add(a.name)
+                atom = sub.terms[0][0]
+                if isinstance(atom, Var) and atom.name in free and box[atom.name] == (Sym.of(0), dim):
+                    whole.add(atom.name)
     pairs: dict[str, tuple[str, int, Sym, Sym]] = {}  # y -> (v, s, e, the window's dimension)
     for r in facs:
         dims = dims_of(r.tensor)

@@ -48,6 +48,22 @@ CASES: list[GradCase] = [
              "    O(n, f, h, w) +=! I(n, c, 2*h + kh, 2*w + kw) * Wt(f, c, kh, kw)\n"
              "}",
              ((1, 2, 5, 6), (2, 2, 2, 3))),
+    GradCase("strided_padded_conv",  # its input gradient's phases read the window's taps at (p + 1) % 2
+             "def conv_s2_p1(double(N, C, H, W) I, double(F, C, 3, 3) Wt) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, 2*h + kh - 1, 2*w + kw - 1) * Wt(f, c, kh, kw)"
+             " where h in 0:(H + 1) / 2, w in 0:(W + 1) / 2\n"
+             "}",
+             ((1, 2, 6, 7), (2, 2, 3, 3))),
+    GradCase("strided_conv_rows",  # a stride along the rows only: phases of the rows, the columns as they are
+             "def conv_s21(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, 2*h + kh, w + kw) * Wt(f, c, kh, kw)\n"
+             "}",
+             ((1, 2, 7, 5), (2, 2, 3, 2))),
+    GradCase("stride3_padded_conv",  # a window of unknown width, stride 3: a split piece's schedule is quasi-affine
+             "def conv_s3(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, 3*h + kh - 1, 3*w + kw - 1) * Wt(f, c, kh, kw) where h in 0:3, w in 0:3\n"
+             "}",
+             ((1, 2, 8, 9), (2, 2, 2, 2))),
     GradCase("dilated_conv",
              "def conv_d2(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
              "    O(n, f, h, w) +=! I(n, c, h + 2*kh, w + 2*kw) * Wt(f, c, kh, kw)\n"

@@ -118,9 +118,27 @@ def test_conv_input_gradient_inverts_the_access() -> None:
     line = next(x for x in src.splitlines() if x.strip().startswith("d_I("))
     assert "?" not in line and "%" not in line  # h + kh solved for h: no test per point
     assert "Wt(f, c, kh, kw)" in line and "d_O(n, f, x2 - kh, x3 - kw)" in line
+
+
+def test_strided_conv_input_gradient_sums_in_phases() -> None:
+    """``2*h + kh`` with a window wider than the stride: each input row's parity takes its own
+    taps. The sum runs per phase (``x2 = 2*x2_q + x2_p``, ``h = x2_q - h_i``) over a window of fixed
+    range, its taps read from the weights deinterleaved, and the gradient reads the phases back."""
     strided = tc.define(_case("strided_conv").source).backward_source()
-    line = next(x for x in strided.splitlines() if x.strip().startswith("d_I("))
-    assert "?" not in line and "Wt(f, c, x2 - 2*h, x3 - 2*w)" in line  # 2*h + kh solved for kh
+    lines = {x.strip().split("(")[0]: x for x in strided.splitlines() if "(" in x and not x.strip().startswith("#")}
+    assert "?" not in lines["d_I"]
+    assert "d_I_phases(n, c, x2 % 2, x3 % 2, x2 / 2, x3 / 2)" in lines["d_I"]
+    summed = lines["d_I_phases"]
+    assert "d_O(n, f, x2_q - h_i, x3_q - w_i)" in summed and "Wt_split(f, c, 2*h_i + x2_p, x3_p, w_i)" in summed
+    assert "exists" not in summed  # box-shaped: the taps a phase lacks read zeros of the copy
+    assert "Wt_split(p0, p1, p2, p3, p4) = Wt(p0, p1, p2, p3 + 2*p4)" in lines["Wt_split"]
+
+
+def test_strided_weight_gradient_reads_the_input_deinterleaved() -> None:
+    """The weight gradient sums ``I(n, c, 2*h + kh, kw + 2*w)`` over ``w``: it reads a copy of the
+    input with its columns in phases, contiguous along ``w``."""
+    line = _grad_line("strided_conv", "d_Wt")
+    assert "I_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
 
 
 def _grad_line(case: str, tensor: str = "d_I") -> str:
