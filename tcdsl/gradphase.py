@@ -7,8 +7,10 @@ x3 - 2*w)``, sums over the output rows and columns ``h, w`` that reach input row
 contiguous, and the sum ran with the channels innermost, scalar (8x32x29x29, 32 filters 3x3: 5.1 ms
 against torch's 0.5). Writing ``x2 = 2*a + p`` and ``h = a - i`` turns the window's subscript into
 ``2*i + p`` and the gradient's into ``a - i``: for each phase ``p`` a stride-1 correlation over a
-window of ``i`` with a fixed range, in a temporary ``G(n, c, p, q, a, b)`` contiguous along ``b``,
-which the input gradient then reads back at ``G(n, c, x2 % 2, x3 % 2, x2 / 2, x3 / 2)``. The window's
+window of ``i`` with a fixed range, in a temporary ``G(p, q, n, c, a, b)`` contiguous along ``b``,
+which the input gradient then reads back at ``G(x2 % 2, x3 % 2, n, c, x2 / 2, x3 / 2)``. Each phase is
+a nest of its own, outermost (8x32x29x29, 32 filters 3x3: 0.73 -> 0.54 ms against the phases
+beside the channels, ``G(n, c, p, q, a, b)``). The window's
 taps a phase does not have read a zero of the window's deinterleaved copy (``gradpad.Split``).
 """
 
@@ -29,7 +31,7 @@ class Phases:
     ``a - i``."""
 
     env: dict[str, Sym]  # the old indices in the new ones
-    lhs: tuple[str, ...]  # the temporary's indices: the others, the phases, then the quotients in place
+    lhs: tuple[str, ...]  # the temporary's indices: the phases, then the others with the quotients in place
     back: tuple[Sym, ...]  # the temporary's subscripts in the old left-side indices
     ranges: dict[str, tuple[Sym, Sym]]  # the new indices' ranges (half-open)
     free: tuple[str, ...]  # the summed indices, ``v`` replaced by ``i``
@@ -93,13 +95,9 @@ def phases(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...
         phase_names.append(p)
         quot[y] = a
         back_phase.append(mod(Sym.var(y, "index"), s))
-    first = next(k for k, y in enumerate(lhs) if y in pairs)
-    new_lhs: list[str] = []
-    back: list[Sym] = []
-    for k, y in enumerate(lhs):
-        if k == first:
-            new_lhs += phase_names
-            back += back_phase
+    new_lhs: list[str] = list(phase_names)
+    back: list[Sym] = list(back_phase)
+    for y in lhs:
         if y in pairs:
             new_lhs.append(quot[y])
             back.append(floordiv(Sym.var(y, "index"), pairs[y][1]))

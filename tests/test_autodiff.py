@@ -127,7 +127,7 @@ def test_strided_conv_input_gradient_sums_in_phases() -> None:
     strided = tc.define(_case("strided_conv").source).backward_source()
     lines = {x.strip().split("(")[0]: x for x in strided.splitlines() if "(" in x and not x.strip().startswith("#")}
     assert "?" not in lines["d_I"]
-    assert "d_I_phases(n, c, x2 % 2, x3 % 2, x2 / 2, x3 / 2)" in lines["d_I"]
+    assert "d_I_phases(x2 % 2, x3 % 2, n, c, x2 / 2, x3 / 2)" in lines["d_I"]  # each phase a nest of its own
     summed = lines["d_I_phases"]
     assert "d_O(n, f, x2_q - h_i, x3_q - w_i)" in summed and "Wt_split(f, c, 2*h_i + x2_p, x3_p, w_i)" in summed
     assert "exists" not in summed  # box-shaped: the taps a phase lacks read zeros of the copy
