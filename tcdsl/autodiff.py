@@ -486,6 +486,11 @@ class _Deriver:
         if ph is not None:  # a strided sum, in phases: into a temporary, read back below
             value = rewrite(value, index=ph.env)
             domain = [_as_read(rewrite(r, index=ph.env)) for r in domain]
+            for cp in ph.copies:  # the window in phases, the gradient padded: a box-shaped sum
+                copy = self.fresh(cp.stem)
+                self._emit(copy, list(cp.idx), "=", cp.source, [f"{i} in 0:{e}" for i, e in zip(cp.idx, cp.extents)])
+                value = _substitute(value, cp.read, Read(cp.read.dtype, copy, cp.at))
+                domain = [r for r in domain if (r.tensor, r.subs) != (cp.read.tensor, cp.read.subs)]
             box = {**{y: box[y] for y in lhs if y not in ph.env}, **ph.ranges,
                    **{v: box[v] for v in free if v not in ph.env}}
             lhs, free = ph.lhs, ph.free

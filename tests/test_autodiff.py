@@ -123,15 +123,20 @@ def test_conv_input_gradient_inverts_the_access() -> None:
 def test_strided_conv_input_gradient_sums_in_phases() -> None:
     """``2*h + kh`` with a window wider than the stride: each input row's parity takes its own
     taps. The sum runs per phase (``x2 = 2*x2_q + x2_p``, ``h = x2_q - h_i``) over a window of fixed
-    range, its taps read from the weights deinterleaved, and the gradient reads the phases back."""
+    range, box-shaped: it reads the weights in phases (zeros for the taps a phase lacks) and the
+    output gradient zero-padded by the window's reach; the input gradient reads the phases back."""
     strided = tc.define(_case("strided_conv").source).backward_source()
     lines = {x.strip().split("(")[0]: x for x in strided.splitlines() if "(" in x and not x.strip().startswith("#")}
     assert "?" not in lines["d_I"]
     assert "d_I_phases(x2 % 2, x3 % 2, n, c, x2 / 2, x3 / 2)" in lines["d_I"]  # each phase a nest of its own
     summed = lines["d_I_phases"]
-    assert "d_O(n, f, x2_q - h_i, x3_q - w_i)" in summed and "Wt_split(f, c, 2*h_i + x2_p, x3_p, w_i)" in summed
-    assert "exists" not in summed  # box-shaped: the taps a phase lacks read zeros of the copy
-    assert "Wt_split(p0, p1, p2, p3, p4) = Wt(p0, p1, p2, p3 + 2*p4)" in lines["Wt_split"]
+    assert "d_O_pad(n, f, x2_q + (KH - 1) / 2 - h_i, x3_q + (KW - 1) / 2 - w_i)" in summed
+    assert "Wt_phases(f, x2_p, h_i, x3_p, w_i, c)" in summed and "exists" not in summed  # its channels last
+    assert "h_i in 0:(KH - 1) / 2 + 1" in summed
+    assert "Wt_phases(p0, q2, j2, q3, j3, p1) = Wt(p0, p1, 2*j2 + q2, 2*j3 + q3)" in lines["Wt_phases"]
+    assert "= d_O(p0_2, p1_2, p2 - ((KH - 1) / 2), p3 - ((KW - 1) / 2))" in lines["d_O_pad"]
+    padded = tc.define(_case("strided_padded_conv").source).backward_source()
+    assert "Wt(p0, p1, 2*j2 + q2 - 1, 2*j3 + q3 - 1)" in padded  # the padding's offset in the taps
 
 
 def test_strided_weight_gradient_reads_the_input_deinterleaved() -> None:
