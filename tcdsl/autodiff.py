@@ -496,10 +496,12 @@ class _Deriver:
             lhs, free = ph.lhs, ph.free
         where = [f"{y} in {box[y][0]}:{box[y][1]}" for y in (*lhs, *free)]
         if free:  # a sum over a window: its factors read out of bounds from zero-padded copies
+            copies: dict[str, tuple[Sym, ...]] = {}
             for p in pads(value, box, lhs, self._dims_of):
-                value = _substitute(value, p.read, p.shifted(self._padded(p)))
+                copies[name := self._padded(p)] = p.extents
+                value = _substitute(value, p.read, p.shifted(name))
                 domain = [r for r in domain if (r.tensor, r.subs) != (p.read.tensor, p.read.subs)]
-            for sp in splits(value, box, free, self._dims_of):
+            for sp in splits(value, box, free, lambda t: copies.get(t) or self._dims_of(t)):
                 value = _substitute(value, sp.read, sp.reread(self._split(sp), box))
                 domain = [r for r in domain if (r.tensor, r.subs) != (sp.read.tensor, sp.read.subs)]
         where += self._exists(domain, value, box)

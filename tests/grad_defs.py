@@ -54,6 +54,11 @@ CASES: list[GradCase] = [
              " where h in 0:(H + 1) / 2, w in 0:(W + 1) / 2\n"
              "}",
              ((1, 2, 6, 7), (2, 2, 3, 3))),
+    GradCase("strided_padded_conv_fixed",  # fixed sizes: its weight gradient pads the input, then splits the copy
+             "def conv_s2_fixed(double(1, 2, 6, 6) I, double(2, 2, 3, 3) Wt) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, 2*h + kh - 1, 2*w + kw - 1) * Wt(f, c, kh, kw) where h in 0:3, w in 0:3\n"
+             "}",
+             ((1, 2, 6, 6), (2, 2, 3, 3))),
     GradCase("strided_conv_rows",  # a stride along the rows only: phases of the rows, the columns as they are
              "def conv_s21(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
              "    O(n, f, h, w) +=! I(n, c, 2*h + kh, w + kw) * Wt(f, c, kh, kw)\n"

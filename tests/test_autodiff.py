@@ -144,6 +144,9 @@ def test_strided_weight_gradient_reads_the_input_deinterleaved() -> None:
     input with its columns in phases, contiguous along ``w``."""
     line = _grad_line("strided_conv", "d_Wt")
     assert "I_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
+    # where the input is also read from a zero-padded copy (fixed sizes), the copy is split
+    line = _grad_line("strided_padded_conv_fixed", "d_Wt")
+    assert "I_pad_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
 
 
 def _grad_line(case: str, tensor: str = "d_I") -> str:
