@@ -64,6 +64,11 @@ CASES: list[GradCase] = [
              "    O(n, f, h, w) +=! I(n, c, 2*h + kh, w + kw) * Wt(f, c, kh, kw)\n"
              "}",
              ((1, 2, 7, 5), (2, 2, 3, 2))),
+    GradCase("strided_conv1d",  # stride 3 under a window of 5: three phases, a window of two taps each
+             "def conv1d_s3(double(N, C, L) I, double(F, C, K) Wt) -> (O) {\n"
+             "    O(n, f, l) +=! I(n, c, 3*l + k) * Wt(f, c, k)\n"
+             "}",
+             ((2, 2, 11), (2, 2, 5))),
     GradCase("stride3_padded_conv",  # a window of unknown width, stride 3: a split piece's schedule is quasi-affine
              "def conv_s3(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
              "    O(n, f, h, w) +=! I(n, c, 3*h + kh - 1, 3*w + kw - 1) * Wt(f, c, kh, kw) where h in 0:3, w in 0:3\n"
