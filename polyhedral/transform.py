@@ -471,9 +471,16 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # 8x64x22x22 2.05 -> 2.10-2.18 (a loss). Rows that fill their vectors keep
     # them: 8x16x32x32 (30 of 32 lanes) 0.31 -> 0.33 in this form. A padded conv's interior keeps
     # them as well (8x64x56x56 padded 8.3 -> 8.6 ms, 8x16x32x32 0.38 -> 0.70: its boundary pieces
-    # then run beside an interior of another form).
+    # then run beside an interior of another form), except a float32 interior narrower than one
+    # vector, whose rows would take one masked or gathered vector a row (a stride-2 conv's 13 of
+    # 14 columns: no vector form at all). AVX-512, 2 threads, 15 interleaved rounds, the same bits:
+    # padded 8x32x28x28 stride 2 0.35 -> 0.20 ms, padded 8x64x14x14 0.96 -> 0.67, 8x32x16x16 0.30 ->
+    # 0.26, 16x32x9x9 0.59 -> 0.30, their input gradients 1.73 -> 1.45 (14x14) and 0.93 -> 0.64 (9x9);
+    # float64 16x32x9x9 (7 of 8 lanes) 0.29 -> 0.34, so float64 keeps its rows.
     settled = all(infos[i].invariant > 0 for i in par if i not in rows and i != contig)
-    idle_rows = contig is not None and settled and not boundary and infos[contig].whole == infos[contig].extent and \
+    narrow_interior = contig is not None and itemsize <= 4 and infos[contig].extent < target.vector_bytes // itemsize
+    idle_rows = contig is not None and settled and not boundary and \
+        (infos[contig].whole == infos[contig].extent or narrow_interior) and \
         infos[contig].extent < FILLED_ROWS * lanes * -(-infos[contig].extent // lanes)
     idle_lanes = idle_rows and budget >= COLUMN_TILE_ACCUMULATORS
     if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
