@@ -51,6 +51,16 @@ CHANNEL_VECTORS = (4, 3, 2)
 # channels (plan): shorter, the tile's scattered stores outweigh the lanes gained (16 filters over
 # 8 or 16 channels, 3x3: 0.93-0.95x on AVX-512, 0.67x on AVX2, paired rounds)
 ONE_VECTOR_STEPS = 256
+# A conv in channel vectors whose output advances a multiple of this many bytes from one channel
+# to the next (planes of 32x32 or 64x64 float32) stores its tile's channels into lines of one L1
+# set: a tile of all its channels, 4 vectors x 3 columns, writes 32 lines into 8 ways, and each
+# next tile refetches them. One vector of channels x 12 columns writes 8 lines, which stay
+# (plan). AVX2 (Zen 4), 2 threads, 15 interleaved rounds, the same bits: 8x16x34x34 with 32 filters
+# 3x3 (32x32 out) 0.73-0.77 -> 0.47-0.48 ms, 66x66 3.0-3.1 -> 1.9-2.0, padded 8x16x32x32 0.77-0.93 ->
+# 0.60-0.84, padded 4x16x64x64 1.86 -> 1.30, 24 filters 0.56 -> 0.36, 16 filters 0.49 -> 0.44, 3
+# channels 0.49 -> 0.19; but padded 16x32x32x32 2.49 -> 2.68. 64 filters (two tiles of channels)
+# keep theirs: 8x64x34x34 3.64 -> 3.97 in this form.
+ALIAS_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,7 @@ class MemberInfo:
     whole: int = 0  # the range of the one index it steps over the statement's whole domain (before
     # polyhedral.split cut it into pieces; 0 where it steps several)
     tied: bool = False  # the ranges of the statement's other indices move with it (a boundary piece's rows)
+    target: int = 0  # bytes the statements' target advances per step of the member (0: none known)
 
 
 def transform(sched: isl.Schedule, scop: Scop, deps: Deps, options: MappingOptions,
@@ -488,6 +499,9 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
             (budget < COLUMN_TILE_ACCUMULATORS or column or idle_lanes):
         first = min(rows)
         count = next((v for v in CHANNEL_VECTORS if infos[first].extent % (v * lanes) == 0), 0)
+        if count > 1 and infos[first].extent == count * lanes and infos[first].target and \
+                infos[first].target % ALIAS_BYTES == 0:
+            count = 1  # one vector of channels, so that a tile's stores stay in L1 (ALIAS_BYTES)
         # Channels that fill exactly one vector (16 filters float32 on AVX-512, 8 on AVX2, 8 float64
         # on AVX-512, or an input gradient's as many channels) take the form too, one vector of
         # channels x the budget's columns or rows, in a padded conv's boundary columns, and where
@@ -788,7 +802,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
     counts = {dom.get_tuple_name(): _instances(scop, dom.get_tuple_name()) for dom in sets}
     total = sum(counts.values()) or 1
     contiguous = invariant = strided = 0.0
-    extent = stride = whole = 0
+    extent = stride = whole = target = 0
     tied = False
     for dom in sets:
         st = scop.stmt(dom.get_tuple_name())
@@ -812,6 +826,8 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
             if acc.kind == "read":
                 moved = [_move(x, st.indices, direction) for x in acc.subs]
                 stride = max(stride, _bytes_moved(scop, acc.tensor, moved))
+        target = max(target, _bytes_moved(scop, tc.tensor, [_move(Sym.var(x, "index"), st.indices, direction)
+                                                             for x in tc.lhs]))
         for subs in subs_list:
             moves = [_move(sub, st.indices, direction) for sub in subs]
             if all(m == 0 for m in moves):
@@ -820,7 +836,7 @@ def member_info(band: isl.ScheduleNode, i: int, scop: Scop) -> MemberInfo:
                 contiguous += weight
             else:
                 strided += weight
-    return MemberInfo(contiguous, invariant, strided, extent, stride, whole, tied)
+    return MemberInfo(contiguous, invariant, strided, extent, stride, whole, tied, target)
 
 
 def _tied(dom: isl.Set, k: int) -> bool:

@@ -275,6 +275,29 @@ def test_a_padded_convs_columns_take_the_channel_form_where_the_filters_fill_vec
     assert_sum_close(got, _conv, padded, Wt, terms=C * 9)
 
 
+@pytest.mark.parametrize("width", [32, 34])
+def test_a_conv_whose_channel_planes_alias_in_l1_takes_one_vector_of_channels(
+        width: int, target: cputarget.CpuTarget) -> None:
+    """A conv in channel vectors whose output planes are 4 KiB apart (32x32 float32, from 34x34
+    inputs) takes one vector of channels x the budget's columns, so that a tile's scattered stores
+    stay in one L1 set's ways; 30x30 planes keep all the channels in one tile (4 vectors of 8 on
+    AVX2: polyhedral.transform.ALIAS_BYTES). Against numpy, and bit for bit against the scalar code."""
+    N, C, F = 2, 16, 32
+    k = tc.define(CONV)
+    rng = np.random.default_rng(7)
+    I = (rng.random((N, C, width, width)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((F, C, 3, 3)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, Wt).passes[-1][1])
+    lanes = target.lanes("float32")
+    if target.accumulators < 16 and F == 4 * lanes:  # AVX2: the channel form, all 32 filters in 4 vectors
+        want = f"1x{lanes} lanes per row along f" if width == 34 else f"4x{lanes} lanes per row along f"
+        assert want in passes, passes
+    got = k(I, Wt)
+    if target.fma:
+        np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
+    assert_sum_close(got, _conv, I, Wt, terms=C * 9)
+
+
 STRIDED_PADDED_CONV = """def convsp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
     O(n,f,h,w) +=! I(n,r_c,2*h + r_kh - 1,2*w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H / 2, w in 0:W / 2
 }"""
