@@ -58,8 +58,9 @@ ONE_VECTOR_STEPS = 256
 # (plan). AVX2 (Zen 4), 2 threads, 15 interleaved rounds, the same bits: 8x16x34x34 with 32 filters
 # 3x3 (32x32 out) 0.73-0.77 -> 0.47-0.48 ms, 66x66 3.0-3.1 -> 1.9-2.0, padded 8x16x32x32 0.77-0.93 ->
 # 0.60-0.84, padded 4x16x64x64 1.86 -> 1.30, 24 filters 0.56 -> 0.36, 16 filters 0.49 -> 0.44, 3
-# channels 0.49 -> 0.19; but padded 16x32x32x32 2.49 -> 2.68. 64 filters (two tiles of channels)
-# keep theirs: 8x64x34x34 3.64 -> 3.97 in this form.
+# channels 0.49 -> 0.19, 5x5 windows 1.46 -> 1.30 (32x32 out) and 2.09 -> 1.95 (padded); even on
+# padded 16x32x32x32 (2.49 -> 2.68 in one run, 2.20 -> 2.01 in another), a 7x7 window padded
+# 1.86 -> 1.91. 64 filters (two tiles of channels) keep theirs: 8x64x34x34 3.64 -> 3.97 in this form.
 ALIAS_BYTES = 4096
 
 
