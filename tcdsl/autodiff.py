@@ -149,7 +149,7 @@ class _Deriver:
         self.state: dict[str, tuple[str, str]] = {}  # tensor -> ("param" | "work", gradient name)
         self.params: list[Param] = []
         self.param_names: dict[tuple[str, str], str] = {}
-        self.pad_copies: dict[tuple, str] = {}  # (tensor, zeros before, extents) -> its padded copy
+        self.pad_copies: dict[tuple, str] = {}  # (tensor, what the copy does) -> its padded or split copy
         self.needed: set[Version] = set()
 
     # ---- setup ----
@@ -563,32 +563,29 @@ class _Deriver:
 
     def _padded(self, p: Pad) -> str:
         """The zero-padded copy ``p`` reads, made once before its first reader (``gradpad``)."""
-        fixed = p.read.tensor in self.value_of or ("param", p.read.tensor) in self.state.values()
-        key = (p.read.tensor, p.low, p.extents)
-        name = self.pad_copies.get(key) if fixed else None  # (a gradient still summing: a copy per reader)
-        if name is None:
-            name = self.fresh(f"{p.read.tensor}_pad")
-            if fixed:
-                self.pad_copies[key] = name
-            idx = [self.fresh(f"p{k}") for k in range(len(p.extents))]
-            subs = tuple(Sym.var(i, "index") - lo for i, lo in zip(idx, p.low))
-            self._emit(name, idx, "=", Read(p.read.dtype, p.read.tensor, subs),
-                       [f"{i} in 0:{e}" for i, e in zip(idx, p.extents)])
-        return name
+        return self._copy(p.read, (p.low, p.extents), "pad", p.extents,
+                          lambda idx: tuple(i - lo for i, lo in zip(idx, p.low)))
 
     def _split(self, sp: Split) -> str:
         """The deinterleaved copy ``sp`` reads, made once before its first reader (``gradpad``)."""
-        fixed = sp.read.tensor in self.value_of or ("param", sp.read.tensor) in self.state.values()
-        key = (sp.read.tensor, "split", sp.stride)
-        name = self.pad_copies.get(key) if fixed else None
+        return self._copy(sp.read, ("split", sp.stride), "split", sp.extents,
+                          lambda idx: (*idx[:-2], idx[-1] * sp.stride + idx[-2]))
+
+    def _copy(self, r: Read, key: tuple, kind: str, extents: tuple[Sym, ...],
+              subs: Callable[[tuple[Sym, ...]], tuple[Sym, ...]]) -> str:
+        """A copy of ``r``'s tensor, ``copy(idx) = tensor(subs(idx)) where idx in 0:extents``, emitted
+        before its first reader; once per key for a fixed value (a gradient still summing: a copy
+        per reader)."""
+        fixed = r.tensor in self.value_of or ("param", r.tensor) in self.state.values()
+        at = (r.tensor, *key)
+        name = self.pad_copies.get(at) if fixed else None
         if name is None:
-            name = self.fresh(f"{sp.read.tensor}_split")
+            name = self.fresh(f"{r.tensor}_{kind}")
             if fixed:
-                self.pad_copies[key] = name
-            idx = [self.fresh(f"p{k}") for k in range(len(sp.extents))]
-            *head, q, b = (Sym.var(i, "index") for i in idx)
-            self._emit(name, idx, "=", Read(sp.read.dtype, sp.read.tensor, (*head, b * sp.stride + q)),
-                       [f"{i} in 0:{e}" for i, e in zip(idx, sp.extents)])
+                self.pad_copies[at] = name
+            idx = [self.fresh(f"p{k}") for k in range(len(extents))]
+            self._emit(name, idx, "=", Read(r.dtype, r.tensor, subs(tuple(Sym.var(i, "index") for i in idx))),
+                       [f"{i} in 0:{e}" for i, e in zip(idx, extents)])
         return name
 
     def _inside(self, r: Read, box: dict[str, tuple[Sym, Sym]]) -> bool:

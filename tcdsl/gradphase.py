@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from .core.affine import Sym, Var, floordiv, mod
 from .core.checked import Read, TExpr
+from .derivative import plain_var
 from .gradpad import factors
 
 
@@ -74,15 +75,6 @@ class _Pair:
     quot: Sym = Sym.of(0)  # the range of a
 
 
-def _plain(sub: object) -> str | None:
-    """The index a subscript is, plainly (``v``), else None."""
-    if isinstance(sub, Sym) and len(sub.terms) == 1 and sub.const == 0 and sub.terms[0][1] == 1:
-        atom = sub.terms[0][0]
-        if isinstance(atom, Var) and atom.kind == "index":
-            return atom.name
-    return None
-
-
 def phases(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...], free: tuple[str, ...],
            dims_of: Callable[[str], tuple[Sym, ...] | None], fresh: Callable[[str], str]) -> Phases | None:
     """The phases of the sum ``value`` over ``box`` into left side ``lhs`` (summed over ``free``),
@@ -93,7 +85,7 @@ def phases(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...
     facs = [r for r in factors(value) if not r.conditional and all(isinstance(x, Sym) for x in r.subs)]
     shaped = [(r, dims) for r in facs if (dims := dims_of(r.tensor)) is not None and len(dims) == len(r.subs)]
     whole = {v for r, dims in shaped for sub, dim in zip(r.subs, dims)
-             if (v := _plain(sub)) is not None and v in free and box[v] == (Sym.of(0), dim)}
+             if (v := plain_var(sub)) is not None and v in free and box[v] == (Sym.of(0), dim)}
     pairs: dict[str, _Pair] = {}
     window: Read | None = None
     for r, _dims in shaped:
@@ -140,7 +132,7 @@ def phases(value: TExpr, box: Mapping[str, tuple[Sym, Sym]], lhs: tuple[str, ...
     copies = [_window_copy(window, wdims, order, env, lhs, fresh)]
     for r, dims in shaped:
         moved = [v for sub in r.subs for v in sub.indices() if v in by_v]  # type: ignore[union-attr]
-        if r != window and moved and all(_plain(sub) in by_v or not (sub.indices() & by_v.keys())  # type: ignore[union-attr]
+        if r != window and moved and all(plain_var(sub) in by_v or not (sub.indices() & by_v.keys())  # type: ignore[union-attr]
                                          for sub in r.subs):
             copies.append(_padded_copy(r, dims, by_v, env, fresh))
     return Phases(env, tuple(new_lhs), tuple(back), ranges, renamed, tuple(copies))
@@ -185,7 +177,7 @@ def _padded_copy(r: Read, dims: tuple[Sym, ...], by_v: dict[str, _Pair], env: di
     for k, (sub, dim) in enumerate(zip(r.subs, dims)):
         t = fresh(f"p{k}")
         idx.append(t)
-        q = by_v.get(_plain(sub) or "")
+        q = by_v.get(plain_var(sub) or "")
         if q is None:
             src.append(Sym.var(t, "index"))
             ext.append(dim)
