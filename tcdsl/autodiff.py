@@ -496,14 +496,17 @@ class _Deriver:
             lhs, free = ph.lhs, ph.free
         where = [f"{y} in {box[y][0]}:{box[y][1]}" for y in (*lhs, *free)]
         if free:  # a sum over a window: its factors read out of bounds from zero-padded copies
-            copies: dict[str, tuple[Sym, ...]] = {}
-            for p in pads(value, box, lhs, self._dims_of):
-                copies[name := self._padded(p)] = p.extents
+            padded: dict[str, Pad] = {}  # copies made below where the sum reads them, not split
+            for p in pads(value, box, lhs, self._dims_of, frozenset(s.reductions)):
+                padded[name := f"{p.read.tensor}?{len(padded)}"] = p  # a placeholder: no def name has a '?'
                 value = _substitute(value, p.read, p.shifted(name))
                 domain = [r for r in domain if (r.tensor, r.subs) != (p.read.tensor, p.read.subs)]
-            for sp in splits(value, box, free, lambda t: copies.get(t) or self._dims_of(t)):
-                value = _substitute(value, sp.read, sp.reread(self._split(sp), box))
+            for sp in splits(value, box, free, lambda t: padded[t].extents if t in padded else self._dims_of(t)):
+                value = _substitute(value, sp.read, sp.reread(self._split(sp, padded.get(sp.read.tensor)), box))
                 domain = [r for r in domain if (r.tensor, r.subs) != (sp.read.tensor, sp.read.subs)]
+            read = {r.tensor for r in reads(value)}
+            names = {name: self._padded(p) for name, p in padded.items() if name in read}
+            value = rewrite(value, read=lambda r: replace(r, tensor=names[r.tensor]) if r.tensor in names else r)
         where += self._exists(domain, value, box)
         if ph is not None:
             summed = self.fresh(f"d_{t}_phases")
@@ -566,10 +569,15 @@ class _Deriver:
         return self._copy(p.read, (p.low, p.extents), "pad", p.extents,
                           lambda idx: tuple(i - lo for i, lo in zip(idx, p.low)))
 
-    def _split(self, sp: Split) -> str:
-        """The deinterleaved copy ``sp`` reads, made once before its first reader (``gradpad``)."""
-        return self._copy(sp.read, ("split", sp.stride), "split", sp.extents,
-                          lambda idx: (*idx[:-2], idx[-1] * sp.stride + idx[-2]))
+    def _split(self, sp: Split, pad: Pad | None = None) -> str:
+        """The deinterleaved copy ``sp`` reads, made once before its first reader (``gradpad``); of
+        a zero-padded copy ``pad``, read from ``pad``'s tensor at once (zeros where that is out of
+        bounds: one copy, not two)."""
+        low = pad.low if pad is not None else (Sym.of(0),) * len(sp.extents[:-1])
+        r = pad.read if pad is not None else sp.read
+        return self._copy(r, ("split", sp.stride, low, sp.extents), "split", sp.extents,
+                          lambda idx: (*(i - lo for i, lo in zip(idx[:-2], low)),
+                                       idx[-1] * sp.stride + idx[-2] - low[-1]))
 
     def _copy(self, r: Read, key: tuple, kind: str, extents: tuple[Sym, ...],
               subs: Callable[[tuple[Sym, ...]], tuple[Sym, ...]]) -> str:

@@ -54,7 +54,7 @@ CASES: list[GradCase] = [
              " where h in 0:(H + 1) / 2, w in 0:(W + 1) / 2\n"
              "}",
              ((1, 2, 6, 7), (2, 2, 3, 3))),
-    GradCase("strided_padded_conv_fixed",  # fixed sizes: its weight gradient pads the input, then splits the copy
+    GradCase("strided_padded_conv_fixed",  # fixed sizes: its weight gradient reads one split, zero-padded copy
              "def conv_s2_fixed(double(1, 2, 6, 6) I, double(2, 2, 3, 3) Wt) -> (O) {\n"
              "    O(n, f, h, w) +=! I(n, c, 2*h + kh - 1, 2*w + kw - 1) * Wt(f, c, kh, kw) where h in 0:3, w in 0:3\n"
              "}",
@@ -85,6 +85,11 @@ CASES: list[GradCase] = [
              "    O(n, f, h, w) = O(n, f, h, w) + Bias(f)\n"
              "}",
              ((1, 2, 4, 3), (2, 2, 3, 3), (2,))),
+    GradCase("padded_conv_any_window",  # a window of unknown size: the weight gradient's copy is padded to its reach
+             "def conv_pw(double(N, C, H, W) I, double(F, C, KH, KW) Wt) -> (O) {\n"
+             "    O(n, f, h, w) +=! I(n, c, h + kh - 1, w + kw - 1) * Wt(f, c, kh, kw) where h in 0:H, w in 0:W\n"
+             "}",
+             ((1, 2, 5, 4), (2, 2, 3, 2))),
     GradCase("conv_bias_relu_in_place",
              "def cbr(double(N, C, H, W) I, double(F, C, KH, KW) Wt, double(F) B) -> (O) {\n"
              "    O(n, f, h, w) +=! I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)\n"

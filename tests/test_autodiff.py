@@ -144,9 +144,14 @@ def test_strided_weight_gradient_reads_the_input_deinterleaved() -> None:
     input with its columns in phases, contiguous along ``w``."""
     line = _grad_line("strided_conv", "d_Wt")
     assert "I_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
-    # where the input is also read from a zero-padded copy (fixed sizes), the copy is split
-    line = _grad_line("strided_padded_conv_fixed", "d_Wt")
-    assert "I_pad_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
+    # where the input is also read out of bounds (padding), the one copy is zero-padded as well:
+    # the split reads the input at the padding's offset, zeros outside it, in one pass
+    for case in ("strided_padded_conv_fixed", "strided_padded_conv"):
+        line = _grad_line(case, "d_Wt")
+        assert "I_split(n, c, 2*h + kh, kw % 2, w + kw / 2)" in line and "exists" not in line
+        copy = _grad_line(case, "I_split")
+        assert "= I(p0_3, p1_3, p2_2 - 1, p3_2 + 2*p4 - 1)" in copy
+        assert "I_pad" not in tc.define(_case(case).source).backward_source()
 
 
 def _grad_line(case: str, tensor: str = "d_I") -> str:
@@ -374,3 +379,33 @@ def test_a_windowed_weight_gradient_reads_a_zero_padded_copy() -> None:
             d_I, d_Wt = grad(I, Wt, dO, backend=backend)
             assert_close(d_Wt, want, terms=n * h * w, scale=scale, dtype="float32")
             assert_close(d_I, want_i, terms=f * 9, scale=scale_i, dtype="float32")
+
+
+def test_a_window_of_unknown_size_reads_a_copy_padded_to_its_reach() -> None:
+    """With the window's size a size of the def (``float(F, C, KH, KW)``), whether its reads pass
+    the input's last rows depends on the sizes: the weight gradient reads a copy holding the rows
+    its sum reaches, ``H + KH - 1`` of them from the first pad row (zeros past the input's end,
+    and the input's rows the sum never reaches left out). The window's indices are summed by the
+    forward: its gradient's left side moves the read by no more than the window. The input
+    gradient, whose left side runs over the input's rows, keeps its reads. The numbers are those
+    of float64 sums of the zero-padded convolution on the C and numpy backends, for windows that
+    do and do not reach past the input (1x1 to 5x4)."""
+    src = ("def same(float(N, C, H, W) I, float(F, C, KH, KW) Wt) -> (O) {\n"
+           "    O(n, f, h, w) +=! I(n, c, h + kh - 1, w + kw - 1) * Wt(f, c, kh, kw) where h in 0:H, w in 0:W\n}")
+    k = tc.define(src)
+    code = [x.strip() for x in k.backward_source().splitlines() if not x.strip().startswith("#")]
+    assert "I_pad(p0, p1, p2, p3) = I(p0, p1, p2 - 1, p3 - 1) where p0 in 0:N, p1 in 0:C, p2 in 0:H + KH - 1, " \
+           "p3 in 0:KW + W - 1" in code, code
+    assert "I_pad(n, c, h + kh, kw + w)" in next(x for x in code if x.startswith("d_Wt("))
+    assert "d_O(n, f, x2 - kh + 1, x3 - kw + 1)" in next(x for x in code if x.startswith("d_I("))
+    grad = tc.define(k.backward_source())
+    rng = np.random.default_rng(6)
+    for n, c, f, h, w, kh, kw in ((2, 3, 4, 5, 7, 3, 3), (1, 2, 3, 9, 17, 1, 1), (1, 2, 2, 6, 19, 5, 4)):
+        I, Wt, dO = (rng.standard_normal(s).astype(np.float32) for s in ((n, c, h, w), (f, c, kh, kw), (n, f, h, w)))
+        Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, max(0, kh - 2)), (1, max(0, kw - 2))))
+        win = np.lib.stride_tricks.sliding_window_view(Ip, (kh, kw), axis=(2, 3))[:, :, :h, :w]  # n c h w kh kw
+        want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+        for backend in ("c", "numpy"):
+            _, d_Wt = grad(I, Wt, dO, backend=backend)
+            assert_close(d_Wt, want, terms=n * h * w, scale=scale, dtype="float32")

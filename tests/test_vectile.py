@@ -722,6 +722,54 @@ def test_weight_gradients_of_wide_windows_sum_along_rows(window: int, target: cp
     assert_close(k(I, dO), ref, terms=dO[:, 0].size, scale=scale, dtype="float32")
 
 
+def test_a_weight_gradients_sum_walks_the_images_outside_their_rows(target: cputarget.CpuTarget) -> None:
+    """A weight gradient summed over images, rows and columns (a padded conv's, reading a
+    zero-padded copy of the input) runs its sum with the loop of the widest step outermost: the
+    images (one plane of every channel apart) outside the rows (one row apart), whatever order the
+    schedule gave them, so that each image's rows stream once; the numbers are numpy's."""
+    rng = np.random.default_rng(21)
+    N, C, F, H, W, K = 3, 4, 8, 18, 18, 3
+    src = """def dw(float(N,C,H,W) I, float(N,F,18,18) dO, float(F,C,KH,KW) Wt) -> (dW) {
+        Ip(p0, p1, p2, p3) = I(p0, p1, p2 - 1, p3 - 1) where p0 in 0:N, p1 in 0:C, p2 in 0:KH + 17, p3 in 0:KW + 17
+        dW(f, c, kh, kw) +=! dO(n, f, h, w) * Ip(n, c, h + kh, kw + w)
+            where f in 0:F, c in 0:C, kh in 0:KH, kw in 0:KW, n in 0:N, h in 0:18, w in 0:18
+    }"""
+    I, dO, Wt = (rng.standard_normal(s).astype(np.float32) for s in ((N, C, H, W), (N, F, H, W), (F, C, K, K)))
+    k = tc.define(src)
+    lines = str(dict(k.lowered(I, dO, Wt).passes)["vectorise"]).splitlines()
+    at = next(i for i, x in enumerate(lines) if "// accumulate S2 over" in x)
+    assert f"<= {N - 1});" in lines[at + 1] and f"<= {H - 1});" in lines[at + 2], "\n".join(lines[at:at + 4])
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (K, K), axis=(2, 3))[:, :, :H, :W]
+    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, dO, Wt), want, terms=N * H * W, scale=scale, dtype="float32")
+
+
+def test_a_wide_windows_tap_sums_take_strips_of_filters_and_channels(target: cputarget.CpuTarget) -> None:
+    """A 7x7 padded conv's weight gradient reading a zero-padded input: its window's columns would
+    take too few filters beside them (7 accumulators each), so each tap's sum takes a strip of
+    filters and one of channels at once (their loads shared: one per filter and per channel a
+    step), as the pieces of a split sum do; the numbers are numpy's."""
+    rng = np.random.default_rng(22)
+    N, C, F, H, W, K = 2, 8, 8, 20, 20, 7
+    src = """def dw(float(N,C,H,W) I, float(N,F,20,20) dO, float(F,C,KH,KW) Wt) -> (dW) {
+        Ip(p0, p1, p2, p3) = I(p0, p1, p2 - 3, p3 - 3) where p0 in 0:N, p1 in 0:C, p2 in 0:KH + 19, p3 in 0:KW + 19
+        dW(f, c, kh, kw) +=! dO(n, f, h, w) * Ip(n, c, h + kh, kw + w)
+            where f in 0:F, c in 0:C, kh in 0:KH, kw in 0:KW, n in 0:N, h in 0:20, w in 0:20
+    }"""
+    I, dO, Wt = (rng.standard_normal(s).astype(np.float32) for s in ((N, C, H, W), (N, F, H, W), (F, C, K, K)))
+    k = tc.define(src)
+    text = str(dict(k.lowered(I, dO, Wt).passes)["vectorise"])
+    plan = re.search(r"accumulate S2 over .*, the elements of (c\d+)s \((\d+)\), (c\d+)s \((\d+)\) at once", text)
+    assert plan is not None and int(plan.group(2)) * int(plan.group(4)) > K, text
+    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
+    win = np.lib.stride_tricks.sliding_window_view(pad, (K, K), axis=(2, 3))[:, :, :H, :W]
+    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    assert_close(k(I, dO, Wt), want, terms=N * H * W, scale=scale, dtype="float32")
+
+
 def test_reduction_nests_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With the vector code turned off (-DTC_VEC=0), the nests' scalar form (the jammed loops run
     again around each element's sum, the filters' strips too) gives the vector form's numbers."""
