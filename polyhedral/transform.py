@@ -51,6 +51,7 @@ CHANNEL_VECTORS = (4, 3, 2)
 # channels (plan): shorter, the tile's scattered stores outweigh the lanes gained (16 filters over
 # 8 or 16 channels, 3x3: 0.93-0.95x on AVX-512, 0.67x on AVX2, paired rounds)
 ONE_VECTOR_STEPS = 256
+MAX_STRIDE = 4  # rows read this many elements apart at most count as a strided conv's (plan)
 # A conv in channel vectors whose output advances a multiple of this many bytes from one channel
 # to the next (planes of 32x32 or 64x64 float32) stores its tile's channels into lines of one L1
 # set: a tile of all its channels, 4 vectors x 3 columns, writes 32 lines into 8 ways, and each
@@ -260,6 +261,16 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # 7.5 GFLOP/s). Pooling, all window, keeps its own form.
     window = [i for i in red if 0 < infos[i].extent <= SMALL_WINDOW]
     best = max([i for i in range(n) if i not in window] if 0 < len(window) < len(red) else range(n), key=contiguity)
+    # (nor do reductions each narrower than a vector beside a contiguous output row of a vector or
+    # more, where another parallel member reuses a read: a network's stem, 3 channels under a 7x7
+    # window with stride 2, whose reductions innermost ran in masked vectors of 7 of 16 lanes an
+    # element at a time; with its rows, read two apart, in channel vectors (strided_rows below),
+    # 4x3x64x64 padded by 3 with 16 filters, 15 interleaved rounds, all faster: AVX-512 0.38-0.48
+    # -> 0.24 ms, AVX2 0.25-0.29 -> 0.18-0.19 ms)
+    if best in red and contig is not None and infos[contig].contiguous > 0 and infos[contig].extent >= lanes and \
+            all(0 < infos[i].extent < lanes for i in red) and math.prod(infos[i].extent for i in red) >= lanes and \
+            any(infos[i].invariant > 0 and infos[i].extent >= 4 for i in par if i != contig):
+        best = contig
     # the boundary columns polyhedral.split cuts from a padded conv (one or two wide): the
     # register tile runs along the image's height instead (single thread, 8x64x56x56 conv with
     # 3x3 padding: 11.2 ms against 19.1 ms with the columns' reductions innermost)
@@ -495,8 +506,10 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # float64 16x32x9x9 (7 of 8 lanes) 0.29 -> 0.34, so float64 keeps its rows.
     settled = all(infos[i].invariant > 0 for i in par if i not in rows and i != contig)
     narrow_interior = contig is not None and itemsize <= 4 and infos[contig].extent < target.vector_bytes // itemsize
-    idle_rows = contig is not None and settled and not boundary and \
-        (infos[contig].whole == infos[contig].extent or narrow_interior) and \
+    # (and rows read with a stride, as a stride-2 conv's columns: along them the input is no vector load)
+    strided_rows = contig is not None and itemsize < infos[contig].stride <= MAX_STRIDE * itemsize
+    idle_rows = contig is not None and settled and (not boundary or strided_rows) and \
+        (infos[contig].whole == infos[contig].extent or narrow_interior or strided_rows) and \
         infos[contig].extent < FILLED_ROWS * lanes * -(-infos[contig].extent // lanes)
     idle_lanes = idle_rows and budget >= COLUMN_TILE_ACCUMULATORS
     if len(rows) == 2 and red and contig is not None and lanes > 1 and infos[contig].extent >= 4 and \
@@ -521,7 +534,8 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         # results, bit for bit.
         steps = math.prod(infos[i].extent for i in red)
         if not count and infos[first].extent == lanes and \
-                (column or (idle_rows and steps >= ONE_VECTOR_STEPS and infos[contig].extent <= 2 * lanes)):
+                (column or (idle_rows and (steps >= ONE_VECTOR_STEPS or strided_rows) and
+                            infos[contig].extent <= 2 * lanes)):
             count = 1
         given = _fit(options.tile, n, 0) if options.tile is not None else None
 

@@ -328,6 +328,39 @@ def test_a_strided_padded_convs_narrow_interior_runs_in_channel_vectors(target: 
     assert_sum_close(got, conv, padded, Wt, terms=C * 9)
 
 
+STEM = """def stem(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
+    O(n,f,h,w) +=! I(n,r_c,2 * h + r_kh - 3,2 * w + r_kw - 3) * W1(f,r_c,r_kh,r_kw) where h in 0:H / 2, w in 0:W / 2
+}"""
+
+
+def test_a_stem_convs_window_runs_in_vectors_of_its_filters(target: cputarget.CpuTarget) -> None:
+    """A network's first conv: 3 channels under a 7x7 window, stride 2, padded by 3. Its
+    reductions are each narrower than a vector and its output rows are read two apart, so neither
+    its window's columns (in masked vectors of 7 lanes, an element at a time) nor its rows (no
+    vector load along them) make vectors: the interior and the boundary rows run in vectors of
+    its 16 filters, as its unpadded form does; the numbers are numpy's."""
+    N, C, H, W, F, K = 2, 3, 48, 48, 16, 7
+    k = tc.define(STEM)
+    rng = np.random.default_rng(7)
+    I = (rng.random((N, C, H, W)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((F, C, K, K)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, Wt).passes[-1][1]).split("\n")
+    plans = [line.strip() for line in passes if "register tile of S1" in line or "accumulate S1" in line]
+    calls = [line.strip() for line in passes if line.strip().startswith("S1(")]
+    assert len(plans) == len(calls), "\n".join(passes)
+    # the interior: rows and columns both past the padding's reach (h, w >= 2 here)
+    interior = r"S1\(c0, c\d+, \(c\d+ \+ 2\), \(+c\d+( \+ c\d+\))? \+ 2\)"
+    inner = [p for p, c in zip(plans, calls) if re.match(interior, c)]
+    assert len(inner) == 1 and "register tile" in inner[0] and "lanes per row along f" in inner[0], "\n".join(passes)
+    got = k(I, Wt)
+    padded = np.pad(I, ((0, 0), (0, 0), (3, 3), (3, 3)))
+
+    def conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return _conv(x, w)[:, :, ::2, ::2][:, :, :got.shape[2], :got.shape[3]]
+
+    assert_sum_close(got, conv, padded, Wt, terms=C * K * K)
+
+
 GROUP_CONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
     O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
 }"""
