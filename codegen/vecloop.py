@@ -430,13 +430,16 @@ def jam(em: Facts, n: LFor) -> LFor | LAccum | None:
         count *= trips
     vec = acc.loops[-1].var if acc.loops else None  # the loop the sum runs along in vectors
     moves = _moved(args, s)
+    shifted = any(f.var in moved and vec in moved for moved in moves for f in taken)
     best: tuple[tuple[float, int], list[LFor], tuple[tuple[int, int], ...]] | None = None
     for k in range(len(taken) + 1):  # the innermost loops, from all of them to none (strips alone)
         jammed = taken[k:]
         elements = math.prod(trip_count(f) or 1 for f in jammed)
         outer = chain[:len(chain) - len(jammed)]
-        shifted = any(f.var in moved and vec in moved for moved in moves for f in jammed)
-        for strips in _strip_sets(em, outer, jammed, elements, acc, s, pairs=not shifted):
+        # strips alone beside window columns that fill few accumulators with their strips (a 7x7
+        # window's: 2 filters x 7) take pairs too (_strip_sets)
+        few = not jammed and best is not None and -best[0][1] < PAIRS_FILL * em.target.accumulators
+        for strips in _strip_sets(em, outer, jammed, elements, acc, s, pairs=not shifted or few):
             total = elements * math.prod(size for _, size in strips)
             if total < 2:
                 continue
@@ -492,6 +495,7 @@ def _loads(em: Facts, acc: LAccum, s: Statement, sizes: dict[str, int]) -> int:
 # conv 8x16x32x32, 32 filters 3x3, weight gradient 0.61 -> 0.49 ms (two filters' whole windows,
 # paired rounds, faster in 20 of 20).
 STRIPS = (2, 3, 4, 6, 8)
+PAIRS_FILL = 2 / 3  # window columns whose best strips fill less of the accumulators weigh pairs instead
 PARALLEL_UNITS = 4  # a strip leaves the parallel loops around the sum at least this many iterations a core
 
 
@@ -513,10 +517,12 @@ def _strip_sets(em: Facts, outer: list[LFor], taken: list[LFor], count: int, acc
     by 1, 32 filters 3x3: AVX-512 5.9 -> 1.6 ms, AVX2 5.5 -> 2.0 ms. Beside taken window columns a
     second strip, or two in their place, saves loads that hit the same cache lines: AVX-512's 4
     filters x 2 channels x 3 columns (10 loads for 24) ran 0.52 ms against 0.48 for 8 filters x 3
-    columns (11 for 24). Pairs are weighed wherever the loops ``jam`` takes with them shift no
-    read (none taken: each tap of a 7x7 window summed on its own, 4 filters x 4 channels, 8 loads
-    for 16, rather than 2 filters x the window's 7 columns, 9 for 14; 4x16x40x40 padded by 3, 16
-    filters: AVX-512 1.06 -> 1.00 ms, AVX2 1.78 -> 1.31)."""
+    columns (11 for 24). Pairs are weighed too where no loop is taken and the window's columns
+    with their best strips fill less than PAIRS_FILL of the accumulators: each tap of a 7x7 window
+    summed on its own, 4 filters x 4 channels, 8 loads for 16, rather than 2 filters x the
+    window's 7 columns, 9 for 14; 4x16x40x40 padded by 3, 16 filters: AVX-512 1.06 -> 1.00 ms,
+    AVX2 1.78 -> 1.31. (3x3 windows, 18 to 24 accumulators with their strips, keep them: a group
+    conv's weight gradient, 6x8x12x30x30 with 12 filters a group, ran 3.5 % slower in pairs.)"""
     units = math.prod(trip_count(g) or 1 for g in outer if g.parallel)
     least = min(units, PARALLEL_UNITS * em.target.cores)
     args = dict(zip(em.scop.stmt(acc.call.stmt).indices, acc.call.args))
