@@ -84,13 +84,13 @@ def _split(band: isl.ScheduleNode, scop: Scop, name: str) -> isl.ScheduleNode | 
     for i in range(seq.n_children()):
         child = seq.child(i).child(0)
         if child.get_type() == isl.schedule_node_type.band and _names(child) == [name]:
-            shifted = _from_zero(child)
+            shifted = from_zero(child)
             boundary = not isl.UnionSet.from_set(inner).is_equal(shifted.get_domain())
             seq = (shifted.insert_mark(isl.Id(BOUNDARY_MARK)) if boundary else shifted).parent().parent()
     return seq
 
 
-def _from_zero(band: isl.ScheduleNode) -> isl.ScheduleNode:
+def from_zero(band: isl.ScheduleNode) -> isl.ScheduleNode:
     """``band`` with each member shifted to start at 0 over the band's domain (a piece), so that
     the tiles laid over it later start where the piece starts, and the interior's tiles are whole."""
     dom = band.get_domain()

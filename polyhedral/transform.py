@@ -153,6 +153,11 @@ def _band(band: isl.ScheduleNode, scop: Scop, deps: Deps, options: MappingOption
     if not (band.band_get_permutable() or n == 1):
         return band
     band = _unreverse(band, deps)
+    # each member from 0 over the band's domain (one shift for all its statements: the same
+    # dependences), so that tiles start where the loops do: a conv written for its interior
+    # (`where h in 2:30, w in 2:30`) had its register tiles cut by `max(0, 2 - c)` bounds and no
+    # vector form, 21 ms against 1.3 ms for the whole padded conv
+    band = split.from_zero(band)
     infos = [member_info(band, i, scop) for i in range(n)]
     coincident = [bool(band.band_member_get_coincident(i)) for i in range(n)]
     if _scatters(band, scop):

@@ -361,6 +361,26 @@ def test_a_stem_convs_window_runs_in_vectors_of_its_filters(target: cputarget.Cp
     assert_sum_close(got, conv, padded, Wt, terms=C * K * K)
 
 
+def test_a_conv_over_an_offset_range_tiles_from_where_it_starts(target: cputarget.CpuTarget) -> None:
+    """A conv written for its interior only (`where h in 2:30, w in 2:30`: the output's first two
+    rows and columns stay 0) is scheduled from where its ranges start: its register tiles are
+    whole, in vectors, with no `max(0, 2 - c)` bound cutting them (it ran 16x slower than the
+    whole padded conv, with no vector form). The numbers are numpy's."""
+    N, C, S, F, K = 2, 8, 20, 16, 5
+    k = tc.define(f"""def inner(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {{
+        O(n,f,h,w) +=! I(n,r_c,h + r_kh - 2,w + r_kw - 2) * W1(f,r_c,r_kh,r_kw) where h in 2:{S - 2}, w in 2:{S - 2}
+    }}""")
+    rng = np.random.default_rng(8)
+    I = (rng.random((N, C, S, S)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((F, C, K, K)) * 2 - 1).astype(np.float32)
+    text = str(k.lowered(I, Wt).passes[-1][1])
+    tiles = [line for line in text.split("\n") if "register tile of S1" in line]
+    assert tiles and all("lanes per row" in line for line in tiles) and "max(" not in text, text
+    got = k(I, Wt)
+    assert got.shape == (N, F, S - 2, S - 2)
+    assert_sum_close(got, lambda x, w: np.pad(_conv(x, w), ((0, 0), (0, 0), (2, 0), (2, 0))), I, Wt, terms=C * K * K)
+
+
 GROUP_CONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {
     O(n,g,f,h,w) +=! I(n,g,r_c,h + r_kh,w + r_kw) * W1(g,f,r_c,r_kh,r_kw)
 }"""
