@@ -337,8 +337,8 @@ def test_a_stem_convs_window_runs_in_vectors_of_its_filters(target: cputarget.Cp
     """A network's first conv: 3 channels under a 7x7 window, stride 2, padded by 3. Its
     reductions are each narrower than a vector and its output rows are read two apart, so neither
     its window's columns (in masked vectors of 7 lanes, an element at a time) nor its rows (no
-    vector load along them) make vectors: the interior and the boundary rows run in vectors of
-    its 16 filters, as its unpadded form does; the numbers are numpy's."""
+    vector load along them) make vectors: its interior runs in vectors of its 16 filters, as its
+    boundary rows do; the numbers are numpy's."""
     N, C, H, W, F, K = 2, 3, 48, 48, 16, 7
     k = tc.define(STEM)
     rng = np.random.default_rng(7)
