@@ -135,5 +135,37 @@ def fully_written(inst: Instance, tensor: str) -> bool:
     return False
 
 
+Regions = tuple[tuple[slice, ...], ...]
+
+
+def unwritten(inst: Instance, tensor: str) -> Regions | None:
+    """The parts of ``tensor`` that no statement writes before anything reads it, to zero-fill:
+    none when it is ``fully_written``; the slabs around the box its first writer covers whole (an
+    initialisation ``!``, or ``=`` without guards, from ``lo`` to ``hi`` in each dimension: a
+    left-side range ``i in 1:N + 1`` leaves ``O(0)``); None where the whole tensor needs zeros."""
+    if fully_written(inst, tensor):
+        return ()
+    shape = inst.shapes[tensor]
+    for bs in inst.stmts:
+        s = bs.stmt
+        reads_it = any(a.tensor == tensor for a in s.accesses)
+        if s.tensor != tensor:
+            if reads_it:
+                return None
+            continue
+        box = [(lo, hi) for _, lo, hi in bs.ranges[: len(s.lhs)]]
+        whole = not reads_it and (s.init or (s.op == "=" and not bs.guards))
+        if not whole or len(box) != len(shape) or not all(0 <= lo <= hi <= n for (lo, hi), n in zip(box, shape)):
+            return None
+        out: list[tuple[slice, ...]] = []
+        for d, ((lo, hi), n) in enumerate(zip(box, shape)):
+            if lo > 0:
+                out.append((slice(None),) * d + (slice(0, lo),))
+            if hi < n:
+                out.append((slice(None),) * d + (slice(hi, n),))
+        return tuple(out)
+    return None
+
+
 def _show(sizes: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items())

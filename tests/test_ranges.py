@@ -450,3 +450,29 @@ def test_padding_by_domain_same_3x3_convolution() -> None:
     assert inferred(k, x, wt) == {"n": (0, 2), "f": (0, 4), "h": (0, 5), "w": (0, 4), "c": (0, 3), "kh": (0, 3),
                                   "kw": (0, 3)}
     assert_sum_close(k(x, wt), same, x, wt, terms=27)
+
+
+@pytest.mark.parametrize("n", [7, 5000])  # below and above the size the outputs are aligned from
+def test_an_output_written_from_an_offset_has_zeros_below_it_whatever_its_memory_held(n: int) -> None:
+    """`O(i) = ... where i in 1:N + 1` leaves `O(0)`, and a 2-D output written from row 2 and
+    column 1 leaves its first rows and column: those parts are 0 in a fresh output (whose memory
+    may hold an earlier call's values) and in one given with `out=` full of other values, and
+    everything else is written: the numbers of numpy on every call."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal(n).astype(np.float32)
+    k = tc.define("def f(float(N) X) -> (O) { O(i) = X(i - 1) * 2.0 + 1.0 where i in 1:N + 1 }")
+    want = np.concatenate([[0.0], X.astype(np.float64) * 2 + 1]).astype(np.float32)
+    for _ in range(3):  # freed outputs' memory comes back to later calls
+        np.testing.assert_array_equal(k(X), want)
+        np.full(n + 1, np.nan, np.float32)  # memory the next call's output may reuse
+    out = np.full(n + 1, np.nan, np.float32)
+    k(X, out=out)
+    np.testing.assert_array_equal(out, want)
+    A = rng.standard_normal((n // 4 + 1, 3)).astype(np.float32)
+    k2 = tc.define("def g(float(M, K) A) -> (O) { O(k, m) = A(m - 2, k - 1) + 1.0 where m in 2:M + 2, k in 1:K + 1 }")
+    want2 = np.zeros((4, A.shape[0] + 2), np.float32)
+    want2[1:, 2:] = A.T + 1
+    np.testing.assert_array_equal(k2(A), want2)
+    out2 = np.full(want2.shape, -7.0, np.float32)
+    k2(A, out=out2)
+    np.testing.assert_array_equal(out2, want2)
