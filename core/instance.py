@@ -117,22 +117,36 @@ def accumulate_error(checked: CheckedDef) -> TcArgumentError:
                            s.span.location())
 
 
+def _first_writer(inst: Instance, tensor: str) -> tuple[BoundStmt, bool] | None:
+    """The first statement that writes ``tensor``, and whether it reads it too; None where a
+    statement reads it before any writes it, or none writes it."""
+    for bs in inst.stmts:
+        reads_it = any(a.tensor == tensor for a in bs.stmt.accesses)
+        if bs.stmt.tensor == tensor:
+            return bs, reads_it
+        if reads_it:
+            return None
+    return None
+
+
+def _writes_its_box(bs: BoundStmt, reads_it: bool) -> bool:
+    """Whether a statement writes every point of its left side's ranges: an initialisation ``!``,
+    or ``=`` without guards, that does not read what it writes."""
+    s = bs.stmt
+    return not reads_it and (s.init or (s.op == "=" and not bs.guards))
+
+
 def fully_written(inst: Instance, tensor: str) -> bool:
     """Whether some statement writes every element of ``tensor`` before anything reads it: the
     first statement that writes it initialises it (``!``) or assigns it over its whole shape
     without guards. Such a tensor needs no zero-filling."""
-    shape = inst.shapes[tensor]
-    for bs in inst.stmts:
-        s = bs.stmt
-        reads_it = any(a.tensor == tensor for a in s.accesses)
-        if s.tensor != tensor:
-            if reads_it:
-                return False
-            continue
-        box = tuple(hi for _, lo, hi in bs.ranges[: len(s.lhs)])
-        covers = box == shape and all(lo == 0 for _, lo, _ in bs.ranges[: len(s.lhs)])
-        return covers and not reads_it and (s.init or (s.op == "=" and not bs.guards))
-    return False
+    first = _first_writer(inst, tensor)
+    if first is None:
+        return False
+    bs, reads_it = first
+    lhs = bs.ranges[: len(bs.stmt.lhs)]
+    covers = tuple(hi for _, _, hi in lhs) == inst.shapes[tensor] and all(lo == 0 for _, lo, _ in lhs)
+    return covers and _writes_its_box(bs, reads_it)
 
 
 Regions = tuple[tuple[slice, ...], ...]
@@ -145,26 +159,20 @@ def unwritten(inst: Instance, tensor: str) -> Regions | None:
     left-side range ``i in 1:N + 1`` leaves ``O(0)``); None where the whole tensor needs zeros."""
     if fully_written(inst, tensor):
         return ()
+    first = _first_writer(inst, tensor)
+    if first is None or not _writes_its_box(*first):
+        return None
     shape = inst.shapes[tensor]
-    for bs in inst.stmts:
-        s = bs.stmt
-        reads_it = any(a.tensor == tensor for a in s.accesses)
-        if s.tensor != tensor:
-            if reads_it:
-                return None
-            continue
-        box = [(lo, hi) for _, lo, hi in bs.ranges[: len(s.lhs)]]
-        whole = not reads_it and (s.init or (s.op == "=" and not bs.guards))
-        if not whole or len(box) != len(shape) or not all(0 <= lo <= hi <= n for (lo, hi), n in zip(box, shape)):
-            return None
-        out: list[tuple[slice, ...]] = []
-        for d, ((lo, hi), n) in enumerate(zip(box, shape)):
-            if lo > 0:
-                out.append((slice(None),) * d + (slice(0, lo),))
-            if hi < n:
-                out.append((slice(None),) * d + (slice(hi, n),))
-        return tuple(out)
-    return None
+    box = [(lo, hi) for _, lo, hi in first[0].ranges[: len(first[0].stmt.lhs)]]
+    if len(box) != len(shape) or not all(0 <= lo <= hi <= n for (lo, hi), n in zip(box, shape)):
+        return None
+    out: list[tuple[slice, ...]] = []
+    for d, ((lo, hi), n) in enumerate(zip(box, shape)):
+        if lo > 0:
+            out.append((slice(None),) * d + (slice(0, lo),))
+        if hi < n:
+            out.append((slice(None),) * d + (slice(hi, n),))
+    return tuple(out)
 
 
 def _show(sizes: dict[str, int]) -> str:

@@ -345,6 +345,17 @@ def test_a_temporary_comes_back_from_an_output_only_at_its_own_precision() -> No
     assert "Y(n, d) * s(n)" not in bw and "exp((X(n, d) - mx(n)))" in bw and "float32(N) mx" in bw
 
 
+def _padded_weight_gradient(I: np.ndarray, dO: np.ndarray, window: tuple[int, int],
+                            after: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The weight gradient of a conv padded by 1 before and ``after`` past the input's rows and
+    columns, in float64, and its sums of |terms| (the tolerance's scale)."""
+    Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, after[0]), (1, after[1])))
+    h, w = dO.shape[2:]
+    win = np.lib.stride_tricks.sliding_window_view(Ip, window, axis=(2, 3))[:, :, :h, :w]  # n c h w kh kw
+    d = dO.astype(np.float64)
+    return np.einsum("nfhw,nchwkl->fckl", d, win), np.einsum("nfhw,nchwkl->fckl", np.abs(d), np.abs(win))
+
+
 def test_a_windowed_weight_gradient_reads_a_zero_padded_copy() -> None:
     """A "same" conv's weight gradient sums a product whose input read leaves its bounds near the
     edges: it reads a zero-padded copy of the input (made once, before it), so its nest is a box
@@ -365,10 +376,7 @@ def test_a_windowed_weight_gradient_reads_a_zero_padded_copy() -> None:
     rng = np.random.default_rng(5)
     for n, c, f, h, w in ((2, 3, 4, 5, 7), (1, 2, 3, 16, 33)):
         I, Wt, dO = (rng.standard_normal(s).astype(np.float32) for s in ((n, c, h, w), (f, c, 3, 3), (n, f, h, w)))
-        Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-        win = np.lib.stride_tricks.sliding_window_view(Ip, (3, 3), axis=(2, 3))  # n c h w kh kw
-        want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
-        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+        want, scale = _padded_weight_gradient(I, dO, (3, 3), (1, 1))
         # d_I(y, x) sums dO(y - kh + 1, x - kw + 1) * Wt(kh, kw): windows of the padded dO, the taps flipped
         gwin = np.lib.stride_tricks.sliding_window_view(np.pad(dO.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1))),
                                                         (3, 3), axis=(2, 3))
@@ -402,10 +410,7 @@ def test_a_window_of_unknown_size_reads_a_copy_padded_to_its_reach() -> None:
     rng = np.random.default_rng(6)
     for n, c, f, h, w, kh, kw in ((2, 3, 4, 5, 7, 3, 3), (1, 2, 3, 9, 17, 1, 1), (1, 2, 2, 6, 19, 5, 4)):
         I, Wt, dO = (rng.standard_normal(s).astype(np.float32) for s in ((n, c, h, w), (f, c, kh, kw), (n, f, h, w)))
-        Ip = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, max(0, kh - 2)), (1, max(0, kw - 2))))
-        win = np.lib.stride_tricks.sliding_window_view(Ip, (kh, kw), axis=(2, 3))[:, :, :h, :w]  # n c h w kh kw
-        want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
-        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+        want, scale = _padded_weight_gradient(I, dO, (kh, kw), (max(0, kh - 2), max(0, kw - 2)))
         for backend in ("c", "numpy"):
             _, d_Wt = grad(I, Wt, dO, backend=backend)
             assert_close(d_Wt, want, terms=n * h * w, scale=scale, dtype="float32")

@@ -775,28 +775,41 @@ def test_weight_gradients_of_wide_windows_sum_along_rows(window: int, target: cp
     assert_close(k(I, dO), ref, terms=dO[:, 0].size, scale=scale, dtype="float32")
 
 
+def _padded_weight_gradient(n: int, c: int, f: int, size: int, k: int, seed: int):
+    """A padded conv's weight gradient as autodiff derives it for a window of any size: the input
+    read from a zero-padded copy, rows and columns of literal range. The kernel, its arguments
+    and a check of its numbers against float64 numpy."""
+    p = k // 2
+    kernel = tc.define(f"""def dw(float(N,C,H,W) I, float(N,F,{size},{size}) dO, float(F,C,KH,KW) Wt) -> (dW) {{
+        Ip(p0, p1, p2, p3) = I(p0, p1, p2 - {p}, p3 - {p})
+            where p0 in 0:N, p1 in 0:C, p2 in 0:KH + {size - 1}, p3 in 0:KW + {size - 1}
+        dW(f, c, kh, kw) +=! dO(n, f, h, w) * Ip(n, c, h + kh, kw + w)
+            where f in 0:F, c in 0:C, kh in 0:KH, kw in 0:KW, n in 0:N, h in 0:{size}, w in 0:{size}
+    }}""")
+    rng = np.random.default_rng(seed)
+    I, dO, Wt = (rng.standard_normal(s).astype(np.float32)
+                 for s in ((n, c, size, size), (n, f, size, size), (f, c, k, k)))
+
+    def check() -> None:
+        pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+        win = np.lib.stride_tricks.sliding_window_view(pad, (k, k), axis=(2, 3))[:, :, :size, :size]
+        want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+        assert_close(kernel(I, dO, Wt), want, terms=n * size * size, scale=scale, dtype="float32")
+    return kernel, (I, dO, Wt), check
+
+
 def test_a_weight_gradients_sum_walks_the_images_outside_their_rows(target: cputarget.CpuTarget) -> None:
     """A weight gradient summed over images, rows and columns (a padded conv's, reading a
     zero-padded copy of the input) runs its sum with the loop of the widest step outermost: the
     images (one plane of every channel apart) outside the rows (one row apart), whatever order the
     schedule gave them, so that each image's rows stream once; the numbers are numpy's."""
-    rng = np.random.default_rng(21)
-    N, C, F, H, W, K = 3, 4, 8, 18, 18, 3
-    src = """def dw(float(N,C,H,W) I, float(N,F,18,18) dO, float(F,C,KH,KW) Wt) -> (dW) {
-        Ip(p0, p1, p2, p3) = I(p0, p1, p2 - 1, p3 - 1) where p0 in 0:N, p1 in 0:C, p2 in 0:KH + 17, p3 in 0:KW + 17
-        dW(f, c, kh, kw) +=! dO(n, f, h, w) * Ip(n, c, h + kh, kw + w)
-            where f in 0:F, c in 0:C, kh in 0:KH, kw in 0:KW, n in 0:N, h in 0:18, w in 0:18
-    }"""
-    I, dO, Wt = (rng.standard_normal(s).astype(np.float32) for s in ((N, C, H, W), (N, F, H, W), (F, C, K, K)))
-    k = tc.define(src)
-    lines = str(dict(k.lowered(I, dO, Wt).passes)["vectorise"]).splitlines()
+    N, H = 3, 18
+    k, args, check = _padded_weight_gradient(N, 4, 8, H, 3, seed=21)
+    lines = str(dict(k.lowered(*args).passes)["vectorise"]).splitlines()
     at = next(i for i, x in enumerate(lines) if "// accumulate S2 over" in x)
     assert f"<= {N - 1});" in lines[at + 1] and f"<= {H - 1});" in lines[at + 2], "\n".join(lines[at:at + 4])
-    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    win = np.lib.stride_tricks.sliding_window_view(pad, (K, K), axis=(2, 3))[:, :, :H, :W]
-    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
-    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
-    assert_close(k(I, dO, Wt), want, terms=N * H * W, scale=scale, dtype="float32")
+    check()
 
 
 def test_a_wide_windows_tap_sums_take_strips_of_filters_and_channels(target: cputarget.CpuTarget) -> None:
@@ -804,23 +817,12 @@ def test_a_wide_windows_tap_sums_take_strips_of_filters_and_channels(target: cpu
     take too few filters beside them (7 accumulators each), so each tap's sum takes a strip of
     filters and one of channels at once (their loads shared: one per filter and per channel a
     step), as the pieces of a split sum do; the numbers are numpy's."""
-    rng = np.random.default_rng(22)
-    N, C, F, H, W, K = 2, 8, 8, 20, 20, 7
-    src = """def dw(float(N,C,H,W) I, float(N,F,20,20) dO, float(F,C,KH,KW) Wt) -> (dW) {
-        Ip(p0, p1, p2, p3) = I(p0, p1, p2 - 3, p3 - 3) where p0 in 0:N, p1 in 0:C, p2 in 0:KH + 19, p3 in 0:KW + 19
-        dW(f, c, kh, kw) +=! dO(n, f, h, w) * Ip(n, c, h + kh, kw + w)
-            where f in 0:F, c in 0:C, kh in 0:KH, kw in 0:KW, n in 0:N, h in 0:20, w in 0:20
-    }"""
-    I, dO, Wt = (rng.standard_normal(s).astype(np.float32) for s in ((N, C, H, W), (N, F, H, W), (F, C, K, K)))
-    k = tc.define(src)
-    text = str(dict(k.lowered(I, dO, Wt).passes)["vectorise"])
+    K = 7
+    k, args, check = _padded_weight_gradient(2, 8, 8, 20, K, seed=22)
+    text = str(dict(k.lowered(*args).passes)["vectorise"])
     plan = re.search(r"accumulate S2 over .*, the elements of (c\d+)s \((\d+)\), (c\d+)s \((\d+)\) at once", text)
     assert plan is not None and int(plan.group(2)) * int(plan.group(4)) > K, text
-    pad = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)))
-    win = np.lib.stride_tricks.sliding_window_view(pad, (K, K), axis=(2, 3))[:, :, :H, :W]
-    want = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
-    scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
-    assert_close(k(I, dO, Wt), want, terms=N * H * W, scale=scale, dtype="float32")
+    check()
 
 
 def test_reduction_nests_without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
