@@ -533,12 +533,12 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         if panel and (panel[0].step != width or not isinstance(panel[0].init, LInt)):
             continue
         inside = {reuse.var, vec.var, *(g.var for g in panel), *(g.var for g in t.serial), *(g.var for g in rows)}
-        bounds = [*panel, *t.serial, vec]
+        box = _box(t, path, r.subs, args) if gathered else None
+        # where the serial loops' bounds vary (a boundary piece's window, ``kw >= 1 - w``), the pack
+        # holds their whole range
+        bounds = [*panel, vec] if box is not None else [*panel, *t.serial, vec]
         if any((expr_vars(x.init) | expr_vars(x.cond) - {x.var}) & inside for x in bounds):
             continue
-        box = _box(t, path, r.subs, args) if gathered else None
-        if box is not None:  # the serial loops' bounds vary outside: the pack holds their whole range
-            bounds = [*panel, vec]
         counts = [trip_bound(x) for x in panel] + ([k for _, k in box] if box else [trip_bound(x) for x in t.serial])
         reused = trip_bound(reuse)
         if any(c is None for c in counts) or reused is None or reused < 2:

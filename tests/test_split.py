@@ -204,11 +204,16 @@ def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None
     # (on AVX2 the interior runs in channel vectors too)
     columns = sum(bool(re.search(r"// \d+x32 register tile", line)) and channel in line for line in tiles)
     assert columns == 2 if target == "avx512" else columns >= 2, tiles
-    if name == "input_grad" and target == "avx2":
-        # the columns' reductions vary along them (kw <= w): their packs hold the range they all
-        # cover, not a gather of W1 per step
-        packs = [line for line in str(low.passes[-1][1]).splitlines() if "// pack W1" in line]
-        assert sum(bool(re.search(r"\bc\d+ in 0\.\.1, once", line)) for line in packs) == 2, packs  # the kw loop
+    # every tile along the channels reads W1 from packs made once per call, not with a gather per
+    # step (W1's channels are a window apart); where its reductions vary along it (the columns'
+    # ``kw <= w``, the corners' both), its pack holds the range they all cover
+    text = str(low.passes[-1][1])
+    packs = [line for line in text.splitlines() if "// pack W1" in line]
+    gathered = [line for line in tiles if f"lanes per row {channel}," in line]
+    assert len(packs) == len(gathered) and all("once for every thread" in p for p in packs), (packs, tiles)
+    if name == "input_grad":  # the kw loop of the columns
+        assert sum(bool(re.search(r"\bc\d+ in 0\.\.1, once", line)) for line in packs) >= 2, packs
+    assert "_gather(&t1[" not in k.source(*_inputs([(2, 3, 9, 20), w_shape], seed=7), target=target)
 
 
 def _top_nests(text: str) -> list[str]:
