@@ -20,6 +20,7 @@ import tcdsl as tc
 from tcdsl.core.instance import bind_sizes
 from tcdsl.core.options import MappingOptions
 from tcdsl.polyhedral import split
+from tcdsl.polyhedral.loopir import LCall, LFor, LPack, expr_vars, walk
 from tcdsl.tuner import space as S
 
 try:
@@ -214,6 +215,32 @@ def test_boundary_columns_run_in_channel_vectors(name: str, target: str) -> None
     if name == "input_grad":  # the kw loop of the columns
         assert sum(bool(re.search(r"\bc\d+ in 0\.\.1, once", line)) for line in packs) >= 2, packs
     assert "_gather(&t1[" not in k.source(*_inputs([(2, 3, 9, 20), w_shape], seed=7), target=target)
+
+
+@pytest.mark.parametrize("cpu", runnable_of("native", "avx2"))
+def test_the_threads_share_a_padded_convs_rows_not_its_boundary_columns(cpu: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 5x5 conv padded by 2 has boundary columns two wide, each writing into the same cache lines
+    as the other (its neighbour in every row): the threads share the images and the rows of those
+    pieces, each running both columns of its rows, not one column each, which would move the lines
+    between the cores at every write. The results stay the conv's."""
+    monkeypatch.setenv("TCDSL_CPU", cpu)
+    source, _, reference = CASES["same5x5"]
+    k = tc.define(source)
+    args = _inputs([(2, 2, 11, 23), (32, 2, 5, 5)], seed=3)
+    ir = k.lowered(*args).passes[-1][1]
+    nests = 0
+    for root in ir.body:
+        while isinstance(root, LPack):
+            root = root.body[0]
+        if not (isinstance(root, LFor) and root.omp):
+            continue
+        nests += 1
+        shared = {root.var} | ({root.body[0].var} if root.collapse else set())  # type: ignore[union-attr]
+        # (no piece's columns are shared: the interior and the boundary rows run along them in tiles)
+        assert not any(shared & expr_vars(c.args[3]) for c in walk((root,)) if isinstance(c, LCall)), str(ir)
+    assert nests == 9, str(ir)  # the interior and eight boundary pieces
+    assert_close(k(*args), reference(*args), terms=2 * 25, scale=reduction_scale(*args))
 
 
 def _top_nests(text: str) -> list[str]:
