@@ -19,6 +19,7 @@ and the C emitter (codegen.c) only prints what the IR says.
     split       compiler-vectorised tile loops cut into whole vectors and the rest
     unroll      short innermost loops unrolled (the ``unroll`` option)
     parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
+                (not with columns whose iterations write the same cache lines: those move inward)
 
 ``run`` returns the IR after every pass; the ``TCDSL_DUMP_DIR`` knob writes them
 (``<def>.passes.txt``), and the golden-file tests check them.
