@@ -613,7 +613,12 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
     with w.indent():
         _shared_step(em, va, combos)
     w.line("}")
-    if va.rest:  # the masked vector's other lanes add zero: into the same accumulator
+    if va.rest and _shared_tail(em, va):  # the overlapping vector, its loads shared as the step's
+        w.line("{")
+        with w.indent():
+            _shared_step(em, va, combos, va.rest)
+        w.line("}")
+    elif va.rest:  # the masked vector's other lanes add zero: into the same accumulator
         for k, values in enumerate(combos):
             update(f"q{k}", values, va.rest)
     for _ in a.loops[:-1]:
@@ -624,21 +629,40 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
         w.line(f"{targets[k]} = acc{k};")
 
 
-def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]]) -> None:
+def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
+    """Whether a jammed sum's last elements take ``_shared_step``'s form too, ``rest`` of them: the
+    overlapping vector that ends with the row (``_top``), in a multiply-add of two reads along the
+    row, each zeroed in the lanes the vector before summed. Its loads are then shared among the
+    elements as the whole vectors' are, instead of each update's own masked pair, which GCC
+    schedules all ahead of the multiply-adds and spills (AVX2, the weight gradient of a stride-2
+    conv, 14-wide rows: 8 + 6 lanes)."""
+    s = va.stmt
+    v = vector_type(s.rhs.dtype)
+    env = {name: "0" for name in em.scop.stmt(va.accum.call.stmt).indices}
+    return _fused(s) and _top(em, va) and all(
+        isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(") for x in operands(s.rhs))
+
+
+def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]], rest: int = 0) -> None:
     """One whole-vector step of a jammed sum: each distinct load once, into a local, then one
-    update per element. Loads that several elements share are held in registers (``tc_keep``), as
-    many as the registers beside the accumulators allow: otherwise GCC folds each use into its
-    multiply-add as a memory operand, and a strip of filters reloads the input's taps for every
-    filter (AVX-512, weight gradient of conv 8x16x32x50, 32 filters 3x3: 20 loads a step for 18
-    multiply-adds instead of 11)."""
+    update per element; with ``rest``, the overlapping vector of the row's last ``rest`` elements
+    instead (``_shared_tail``). Loads that several elements share are held in registers
+    (``tc_keep``), as many as the registers beside the accumulators allow: otherwise GCC folds each
+    use into its multiply-add as a memory operand, and a strip of filters reloads the input's taps
+    for every filter (AVX-512, weight gradient of conv 8x16x32x50, 32 filters 3x3: 20 loads a step
+    for 18 multiply-adds instead of 11)."""
     w, s, a = em.w, va.stmt, va.accum
     v = vector_type(s.rhs.dtype)
     st = em.scop.stmt(a.call.stmt)
     loads: dict[str, str] = {}
     lines = []
+    back = f" - {va.lanes - rest}" if rest else ""
     for k, values in enumerate(combos):
-        env = {name: f"({unparen(em._lexpr(_subst(x, values)))})" for name, x in zip(st.indices, a.call.args)}
+        env = {name: f"({unparen(em._lexpr(_subst(x, values)))}{back if name == va.row else ''})"
+               for name, x in zip(st.indices, a.call.args)}
         lines.append(_step(v, s, f"q{k}", _named_in(em, va, env, loads)))
+    if rest:
+        loads = {text.replace(f"{v}_load(", f"{v}_load_top({rest}, ", 1): name for text, name in loads.items()}
     uses = {name: sum(len(re.findall(rf"\b{name}\b", line)) for line in lines) for name in loads.values()}
     free = em.target.vector_registers - len(combos) - 1  # one for a folded operand
     kept = set(sorted((n for n in uses if uses[n] > 1), key=lambda n: -uses[n])[:max(0, free)])
@@ -650,16 +674,29 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]]) ->
     # into its multiply-add, loading the vector again: AVX2 (Zen 1), conv 8x16x32x32 weight
     # gradient, 4 filters x 3 taps, 13 loads a step instead of 7, 1.33 -> 1.04 ms)
     used = [{n for n in loads.values() if re.search(rf"\b{n}\b", line)} for line in lines]
+    order: list[tuple[str, str, list[int]]] = []  # each other load, then the updates it completes
     ready, done = set(kept), [False] * len(lines)
     for text, name in [(t, n) for t, n in loads.items() if n not in kept] + [("", "")]:
-        if name:
-            w.line(f"const {v} {name} = {text};")
-            ready.add(name)
-        for k, line in enumerate(lines):
-            if not done[k] and used[k] <= ready:
-                w.line(line)
-                done[k] = True
+        ready.add(name)
+        order.append((text, name, [k for k in range(len(lines)) if not done[k] and used[k] <= ready]))
+        for k in order[-1][2]:
+            done[k] = True
     assert all(done)
+    # Held in a register too where the registers allow it (the most of them live at once beside
+    # the accumulators and the kept loads): GCC otherwise folds each of its uses into a multiply-add,
+    # loading it again (AVX2, weight gradient of conv 6x24x30x30, 40 filters 3x3: 4 filters x 3 taps,
+    # 15 loads a step instead of 7, 0.71-0.75 -> 0.47-0.58 ms; the same bits)
+    held = [name for _, name, _ in order if name and uses[name] > 1]
+    last = {n: max(i for i, (_, _, ks) in enumerate(order) if any(n in used[k] for k in ks)) for n in held}
+    at = {name: i for i, (_, name, _) in enumerate(order)}
+    most = max((sum(at[n] <= i <= last[n] for n in held) for i in range(len(order))), default=0)
+    hold = len(combos) + len(kept) + most <= em.target.vector_registers
+    for text, name, ks in order:
+        if name:
+            keep = f" tc_keep({name});" if hold and uses[name] > 1 else ""
+            w.line(f"{v} {name} = {text};{keep}" if keep else f"const {v} {name} = {text};")
+        for k in ks:
+            w.line(lines[k])
 
 
 def _named_in(em: _Emitter, va: VectorAccum, env: dict[str, str], loads: dict[str, str]) -> Callable[[TExpr], str]:

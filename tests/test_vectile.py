@@ -699,11 +699,12 @@ def test_reduction_nests_accumulate_in_vectors_across_their_rows(W: int, dtype: 
 def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarget.CpuTarget) -> None:
     """A weight gradient's jammed sum makes each distinct load of a step once, into a local: the
     input's taps, and the output gradient once per filter of the strip. Loads that several
-    elements use are held in registers (tc_keep) as far as the registers beside the accumulators
-    go, so GCC cannot reload them as operands of each multiply-add; each other load comes just
-    before the updates that use it (AVX2, 4 filters x 3 taps: the output gradient's, used by three
-    updates each, one register at a time); the step loop is not unrolled (two steps' registers
-    would spill); the result matches float64."""
+    elements use are held in registers (tc_keep), so GCC cannot reload them as operands of each
+    multiply-add: first as many as the registers beside the accumulators hold, for the whole step;
+    each other load comes just before the updates that use it, held too while the ones live at
+    once fit (AVX2, 4 filters x 3 taps: the output gradient's, used by three updates each, one
+    register at a time); the step loop is not unrolled (two steps' registers would spill); the
+    result matches float64."""
     rng = np.random.default_rng(12)
     N, F, C, H, W = 2, 8, 3, 5, 48
     A, B, dO, I = (rng.standard_normal(s).astype(np.float32)
@@ -733,21 +734,62 @@ def test_a_jammed_sum_loads_what_its_elements_share_once_a_step(target: cputarge
         return sum(u.count(f"({name},") + u.count(f" {name},") for u in lines)
 
     spare = target.vector_registers - strip * taps - 1
-    kept = [x for x in declared if "tc_keep(" in x]
-    assert len(kept) == min(spare, len(declared)), "\n".join(step)
-    for x in declared:
+    first = step.index(updates[0])
+    ahead = [x for x in step[:first] if "_load(&" in x]  # held for the whole step
+    held = min(spare, len(declared))
+    assert len(ahead) == held + (held < len(declared)), "\n".join(step)  # and the first other load
+    assert all("tc_keep(" in x for x in ahead[:held]), "\n".join(step)
+    for x in declared[held:]:
         name = x.split(" = ")[0].split()[-1]
-        assert uses(name, updates) > 1 or "tc_keep(" not in x, x
-        if "tc_keep(" not in x:  # its updates follow it, before the next load
-            at = step.index(x)
-            after = step[at + 1:]
-            end = next((i for i, y in enumerate(after) if "_load(&" in y), len(after))
-            assert uses(name, after[:end]) == uses(name, updates), "\n".join(step)
+        # its updates follow it, before the next load, and it is held there (one register at a time)
+        at = step.index(x)
+        after = step[at + 1:]
+        end = next((i for i, y in enumerate(after) if "_load(&" in y), len(after))
+        assert uses(name, after[:end]) == uses(name, updates), "\n".join(step)
+        assert ("tc_keep(" in x) == (uses(name, updates) > 1), x
     *_, dW = k(A, B, dO, I)
     win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))[:, :, :H, :W]
     ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
     scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
     assert_close(dW, ref, terms=N * H * W, scale=scale, dtype="float32")
+
+
+@pytest.mark.parametrize("W", [28, 14])
+def test_a_jammed_sums_overlapping_vector_shares_its_loads_as_a_step(W: int, target: cputarget.CpuTarget) -> None:
+    """Where a weight gradient's rows end in the overlapping vector (every target but AVX-512, rows
+    that are not whole vectors: AVX2 28 = 3 x 8 + 4, 14 = 8 + 6), its multiply-adds share their
+    loads as a whole step's do: each distinct read once, zeroed in the lanes the vector before
+    summed (``_load_top``), into a local the updates use. A huge value and an infinity in those
+    lanes count once (inf, not NaN); the numbers are float64's."""
+    rng = np.random.default_rng(13)
+    N, F, C, H = 2, 8, 3, 5
+    A, B, dO, I = (rng.standard_normal(s).astype(np.float32)
+                   for s in ((N, F, W), (N, C, W), (N, F, H, W), (N, C, H + 2, W + 2)))
+    lanes = target.lanes("float32")
+    shared = W - lanes + 1 if W > lanes else 0  # a column both the last whole vector and the overlapping one read
+    I[0, 1, 2, shared], I[1, 2, 3, shared] = 1e6, np.inf
+    k = tc.define(NEST)
+    src = _kernel_text(k.source(A, B, dO, I))
+    section = src[src.index("accumulate dW over"):]
+    section = section[:section.index("#else")]
+    top = target.isa != "avx512" and W > lanes and W % lanes != 0
+    tails = [x.strip() for x in section.split("\n") if "_load_top(" in x]
+    plan = re.search(r"the elements of (.*) at once", section)
+    assert plan is not None, section
+    strip, *window = (int(x) for x in re.findall(r"\((\d+)\)", plan.group(1)))
+    if top:  # one load per filter of the strip and per tap, each a local
+        assert len(tails) == strip + math.prod(window), "\n".join(tails)
+        assert all(re.match(r"tc_vf v\d+ = tc_vf_load_top\(", x) for x in tails), "\n".join(tails)
+    else:
+        assert not tails, "\n".join(tails)
+    *_, dW = k(A, B, dO, I)
+    win = np.lib.stride_tricks.sliding_window_view(I.astype(np.float64), (3, 3), axis=(2, 3))[:, :, :H, :W]
+    with np.errstate(invalid="ignore"):
+        ref = np.einsum("nfhw,nchwkl->fckl", dO.astype(np.float64), win)
+        scale = np.einsum("nfhw,nchwkl->fckl", np.abs(dO.astype(np.float64)), np.abs(win))
+    inf = np.isinf(ref)
+    assert inf.any() and np.array_equal(np.isinf(dW), inf) and np.array_equal(dW[inf], ref[inf])
+    assert_close(dW[~inf], ref[~inf], terms=N * H * W, scale=scale[~inf], dtype="float32")
 
 
 @pytest.mark.parametrize("window", [5, 7])
