@@ -41,6 +41,7 @@ BAND_L2_SHARE = 8  # a conv's band of output rows reads its input rows in this s
 # 64 target rows x 1024 target columns: each group of 16 source rows is read in 256-byte runs
 # and each target line is written whole (4096^2: 4.5 ms against 5.8 ms for 256 x 256 tiles)
 SMALL_WINDOW = 4  # reductions this short go outside a contiguous output loop (see plan)
+NARROW = 8  # a contiguous member narrower than this many elements or a vector is narrow beside a row sum (plan)
 CROSS_TILE = 64
 CROSS_CONTIG_TILE = 1024
 # channel vectors per tile in plan's AVX2 conv form, the first that divides the channels: three for
@@ -302,8 +303,12 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     # long walks memory as contiguously, moving no access along an outer dim: a weight gradient of a
     # 5x5 or 7x7 window, whose register tile would run across the channels, gathered, while its
     # jammed sum runs along the rows of both operands. AVX2, 2 threads: 8x16x32x32, 32 filters 5x5,
-    # 1.9 -> 56 GFLOP/s; 7x7, 3.9 -> 41)
-    narrow_contig = contig is not None and infos[contig].extent < lanes and not column and any(
+    # 1.9 -> 56 GFLOP/s; 7x7, 3.9 -> 41. Narrow is also under NARROW elements where a vector holds
+    # fewer (float64 on AVX2, SSE2): a 5- or 7-wide window fills a vector of 4 there, yet the channel
+    # tile lost as much; the whole backward of conv 8x16x32x32, 32 filters, float64 on AVX2: 5x5
+    # 44 -> 11 ms, 5x5 padded 29 -> 7.5, 7x7 padded 22 -> 6.7; float32 on SSE2: 65 -> 20, 52 -> 9.2,
+    # 28 -> 12)
+    narrow_contig = contig is not None and infos[contig].extent < max(lanes, NARROW) and not column and any(
         infos[r].contiguous >= infos[contig].contiguous and infos[r].strided == 0 and infos[r].extent >= lanes
         for r in red)
     if target.half_vectors and contig is not None and lanes // 2 <= infos[contig].extent < lanes:
