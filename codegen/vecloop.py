@@ -639,8 +639,17 @@ def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
     s = va.stmt
     v = vector_type(s.rhs.dtype)
     env = {name: "0" for name in em.scop.stmt(va.accum.call.stmt).indices}
-    return _fused(s) and _top(em, va) and all(
+    return _fused(s) and _top(em, va) and not _one_step(em, va) and all(
         isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(") for x in operands(s.rhs))
+
+
+def _one_step(em: _Emitter, va: VectorAccum) -> bool:
+    """Rows of one whole vector before the overlapping one (AVX2, 14-wide rows: 8 + 6). There the
+    loads stay as they were, each other load folded into its multiply-adds and the last elements
+    loaded for each update (``_update``): holding them, or sharing the last vector's, made the weight
+    gradient of conv 8x32x29x29 stride 2 slower (0.30 -> 0.36 ms alone; its backward 0.86-1.01 ->
+    0.94-1.08 ms, 4 interleaved runs), where rows of three or four vectors gained."""
+    return _top(em, va) and va.trips < 2 * va.lanes
 
 
 def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]], rest: int = 0) -> None:
@@ -690,7 +699,7 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]], re
     last = {n: max(i for i, (_, _, ks) in enumerate(order) if any(n in used[k] for k in ks)) for n in held}
     at = {name: i for i, (_, name, _) in enumerate(order)}
     most = max((sum(at[n] <= i <= last[n] for n in held) for i in range(len(order))), default=0)
-    hold = len(combos) + len(kept) + most <= em.target.vector_registers
+    hold = len(combos) + len(kept) + most <= em.target.vector_registers and not _one_step(em, va)
     for text, name, ks in order:
         if name:
             keep = f" tc_keep({name});" if hold and uses[name] > 1 else ""
