@@ -634,8 +634,9 @@ def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
     overlapping vector that ends with the row (``_top``), in a multiply-add of two reads along the
     row, each zeroed in the lanes the vector before summed. Its loads are then shared among the
     elements as the whole vectors' are, instead of each update's own masked pair, which GCC
-    schedules all ahead of the multiply-adds and spills (AVX2, the weight gradient of a stride-2
-    conv, 14-wide rows: 8 + 6 lanes)."""
+    schedules all ahead of the multiply-adds and spills (AVX2, the weight gradient of conv+bias+relu
+    6x24x30x30: rows of 28, three vectors and 4 lanes). Not after a single whole vector
+    (``_one_step``)."""
     s = va.stmt
     v = vector_type(s.rhs.dtype)
     env = {name: "0" for name in em.scop.stmt(va.accum.call.stmt).indices}
