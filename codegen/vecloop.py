@@ -306,8 +306,7 @@ def _update(em: _Emitter, va: VectorAccum, q: str, args: tuple[LExpr, ...], off:
             return f"{v}_select(m, {masked}, {v}{identity if e is s.rhs else '_zero()'})"
 
         # two reads along the row load zeros outside the rest: their product adds zero there
-        loads = _fused(s) and all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
-                                  for x in operands(s.rhs))
+        loads = _row_product(em, va, env)
         if rest and not loads:
             w.line(f"const {v}i m = {v}_{'last' if top else 'first'}({rest});")
         w.line(_step(v, s, q, lambda e: value(e, not loads)))
@@ -321,6 +320,15 @@ def _top(em: Facts, va: VectorAccum) -> bool:
     3x3, weight gradient (28-wide rows: 3 vectors and 4 elements) 3.39 -> 1.72 ms; SSE2, NEON and
     generic vectors load the elements one by one. AVX-512's masked loads are as fast as plain ones."""
     return va.trips >= va.lanes and em.target.isa != "avx512"
+
+
+def _row_product(em: _Emitter, va: VectorAccum, env: dict[str, str]) -> bool:
+    """Whether the sum's update is a multiply-add of two reads along the row (vector loads at
+    ``env``)."""
+    s = va.stmt
+    v = vector_type(s.rhs.dtype)
+    return _fused(s) and all(isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(")
+                             for x in operands(s.rhs))
 
 
 def _fused(s: Statement) -> bool:
@@ -637,11 +645,8 @@ def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
     schedules all ahead of the multiply-adds and spills (AVX2, the weight gradient of conv+bias+relu
     6x24x30x30: rows of 28, three vectors and 4 lanes). Not after a single whole vector
     (``_one_step``)."""
-    s = va.stmt
-    v = vector_type(s.rhs.dtype)
     env = {name: "0" for name in em.scop.stmt(va.accum.call.stmt).indices}
-    return _fused(s) and _top(em, va) and not _one_step(em, va) and all(
-        isinstance(x, Read) and vexpr(em, x, env, s, va.row).startswith(f"{v}_load(") for x in operands(s.rhs))
+    return _top(em, va) and not _one_step(em, va) and _row_product(em, va, env)
 
 
 def _one_step(em: _Emitter, va: VectorAccum) -> bool:
