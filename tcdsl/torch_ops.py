@@ -423,24 +423,35 @@ def call(kernel: Any, args: tuple[Any, ...], out: Any = None, backend: str | Non
 def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     """``call``'s result for plain CPU tensors of the def's dtypes in eager mode, with no checks
     left to make (None otherwise): a repeated call's path, a few microseconds of Python besides
-    the kernel's own (``Kernel.__call__`` tries it first, once this module is loaded)."""
-    train = False
+    the kernel's own (``Kernel.__call__`` tries it first, once this module is loaded). A training
+    call on a layout that trained before runs from its plan (``_Step``, ``_LeanStep``)."""
+    needs = []
     layout = []  # Kernel._tensor_layouts' key, built on the way
     for a in args:
         if type(a) not in _PLAIN or not a.is_cpu or a.layout is not _STRIDED:
             return None
-        if a.requires_grad:
-            train = True
+        needs.append(a.requires_grad)
         layout.append((a.shape, a.dtype, a.stride()))
+    train = True in needs
     if torch.compiler.is_compiling() or kernel.checked.accumulates:
         return None
     if torch._C._functorch.peek_interpreter_stack() is not None and _functorch_wrapped(args):
         return None  # (no functorch transform running: no wrapped tensor to look for)
     train = train and torch.is_grad_enabled()
+    lay = tuple(layout)
     if not train:  # a layout that ran before: straight to its kernel
-        run = kernel._tensor_runner(tuple(layout))
+        run = kernel._tensor_runner(lay)
         if run is not None:
             return run(args)
+    else:  # a layout that trained before: its plan (the dtypes were checked then)
+        steps = kernel.__dict__.get("_train_steps")
+        grad = tuple(needs)
+        step = steps.get((lay, grad)) if steps is not None else None
+        if step is not None and step.fk._tensor_runner(lay) is step.run and not (
+                "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args))
+                and _under_gradcheck()):
+            res = _LeanStep.apply(step, *args)
+            return res[0] if step.n_out == 1 else res[:step.n_out]
     dtypes = kernel.__dict__.get("_torch_dtypes")
     if dtypes is None:
         dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
@@ -449,13 +460,15 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
     if train and "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args)) \
             and _under_gradcheck():
         return None  # the slow path warns
-    key = _forward_key(kernel, None, None, train)
     n = len(kernel.checked.outputs)
     if not train:
-        res = _run_cpu(_entry(key), args)
-    else:  # the forward def's kernel for this layout, when it ran before (the def itself, or the one that saves)
-        e = _entry(key)
-        res = _EagerStep.apply(key, e.kernel._tensor_runner(tuple(layout)), *args)
+        res = _run_cpu(_entry(_forward_key(kernel, None, None, False)), args)
+        return res[0] if n == 1 else tuple(res[:n])
+    # the forward def's kernel for this layout, when it ran before (the def itself, or the one that saves)
+    key = _forward_key(kernel, None, None, True)
+    e = _entry(key)
+    res = _EagerStep.apply(key, e.kernel._tensor_runner(lay), *args)
+    _remember_step(kernel, key, e, lay, tuple(needs), res)
     return res[0] if n == 1 else tuple(res[:n])
 
 
@@ -508,6 +521,115 @@ class _EagerStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
         return (None, None, *_autograd(ctx, list(grads))[1])
+
+
+class _Step:
+    """A repeated training call's plan for one layout of a kernel's tensors (shapes, dtypes,
+    strides, and which need a gradient): what ``_setup`` and ``_autograd`` look up on each call,
+    looked up once. ``run`` is the forward kernel's runner for the layout, valid while
+    ``fk._tensor_runner`` still gives it (the same options, backend and call environment). The
+    backward's part (``bw``) is filled in by the first backward that ran its kernel directly:
+    the backward kernel, its runner and layout key, where each of its arguments comes from (an
+    index among the saved tensors, or ``-1 - j`` for the j-th of the output gradients it reads),
+    those gradients' output numbers and the layouts they must have, and the input position of
+    each gradient it returns (-1: not needed)."""
+
+    __slots__ = ("fk", "run", "tc", "keep", "n_user", "n_out", "bw")
+
+    def __init__(self, fk: Any, run: Any, tc: tuple, keep: list[bool], n_user: int, n_out: int) -> None:
+        self.fk, self.run, self.tc, self.keep, self.n_user, self.n_out = fk, run, tc, keep, n_user, n_out
+        self.bw: tuple | None = None
+
+
+_STEPS_PER_KERNEL = 64  # layouts whose training plan a kernel keeps (then it starts over)
+
+
+def _remember_step(kernel: Any, key: str, e: _Entry, lay: tuple, needs: tuple[bool, ...], res: Any) -> None:
+    """After ``_EagerStep`` ran ``kernel`` on tensors of layout ``lay``: its ``_Step``, where the
+    forward's runner for the layout and the saved-tensor plan (``_setup``'s) exist."""
+    run = e.kernel._tensor_runner(lay)
+    kept = _KEPT.get((key, needs))
+    if run is None or kept is None:
+        return
+    outs = res if type(res) is tuple else (res,)
+    steps = kernel.__dict__.setdefault("_train_steps", {})
+    if len(steps) >= _STEPS_PER_KERNEL:
+        steps.clear()
+    steps[(lay, needs)] = _Step(e.kernel, run, (key, needs, [(o.shape, o.dtype) for o in outs], kept[0]),
+                                kept[1], e.n_user_outputs, len(kernel.checked.outputs))
+
+
+class _LeanStep(torch.autograd.Function):
+    """``_EagerStep`` with its plan (``_Step``) made: the same forward, saved tensors and
+    gradients, without the lookups. A backward it cannot take directly (a gradient missing or of
+    another layout, double backward, grad mode on, a transform or trace running) goes the
+    general way, ``_autograd``."""
+
+    @staticmethod
+    def forward(ctx: Any, step: _Step, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        res = step.run(args)
+        outs = res if type(res) is tuple else (res,)
+        ctx.set_materialize_grads(False)
+        ctx.tc, ctx.step = step.tc, step
+        ctx.save_for_backward(*[t for t, kept in zip((*args, *outs), step.keep) if kept])
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:  # type: ignore[override]
+        step: _Step = ctx.step
+        bw = step.bw
+        if bw is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+                and torch._C._functorch.peek_interpreter_stack() is None:
+            bk, brun, blay, sources, glay, positions = bw
+            gs = []
+            for k, want in glay:
+                g = grads[k]
+                if g is None or type(g) not in _PLAIN or not g.is_cpu or g.layout is not _STRIDED:
+                    break
+                g = g.contiguous()
+                if (g.shape, g.dtype, g.stride()) != want:
+                    break
+                gs.append(g)
+            else:
+                extra = grads[step.n_user:]  # gradients of saved values: double backward
+                if not (extra and any(g is not None for g in extra)) and bk._tensor_runner(blay) is brun:
+                    saved = ctx.saved_tensors
+                    got = brun([saved[i] if i >= 0 else gs[-1 - i] for i in sources])
+                    got = got if type(got) is tuple else (got,)
+                    result: list[torch.Tensor | None] = [None] * len(step.tc[1])
+                    for i, g in zip(positions, got):
+                        if i >= 0:
+                            result[i] = g
+                    return (None, *result)
+        out = (None, *_autograd(ctx, list(grads))[1])
+        _remember_backward(ctx, step, grads)  # the first backward of the layout, or its runner went stale
+        return out
+
+
+def _remember_backward(ctx: Any, step: _Step, grads: tuple[torch.Tensor | None, ...]) -> None:
+    """After ``_autograd`` ran a ``_LeanStep``'s backward: the step's backward part, where that
+    backward ran its kernel directly on the gradients given (else the part it had stays)."""
+    key, needs, _, kept = step.tc
+    plan = _PLANS.get((key, needs, False))
+    if plan is None or torch.is_grad_enabled() or any(g is not None for g in grads[step.n_user:]):
+        return
+    bkey, sources, positions = plan
+    e = _entry(key)
+    names = [n for n, _ in e.outputs]
+    used = sorted({names.index(name) for is_grad, name in sources if is_grad})
+    given = [grads[k] for k in used]
+    if any(g is None or not _eager([g]) for g in given):
+        return
+    gs = [g.contiguous() for g in given if g is not None]
+    where = [-1 - used.index(names.index(name)) if is_grad else kept.index(name) for is_grad, name in sources]
+    saved = ctx.saved_tensors
+    bargs = [saved[i] if i >= 0 else gs[-1 - i] for i in where]
+    bk = _REGISTRY[bkey].kernel
+    blay = tuple([(a.shape, a.dtype, a.stride()) for a in bargs])
+    brun = bk._tensor_runner(blay)
+    if brun is not None:
+        step.bw = (bk, brun, blay, where, [(k, (g.shape, g.dtype, g.stride())) for k, g in zip(used, gs)],
+                   positions)
 
 
 def _probe(kernel: Any) -> bool:

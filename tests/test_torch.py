@@ -137,6 +137,67 @@ def test_repeated_calls_on_tensors_of_one_layout_run_at_their_addresses() -> Non
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("name", ["matmul", "layernorm", "softmax", "mlp", "gather", "conv_bias_relu_in_place"])
+def test_repeated_training_steps_follow_their_plan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the third step on one layout, a training call runs forward and backward from the plan
+    its first steps made (no lookups through the general autograd function) and gives the first
+    step's outputs and gradients; a gradient of another layout, a missing one or a double backward
+    take the general way and still give the right numbers."""
+    from tcdsl import torch_ops
+
+    case = next(c for c in CASES if c.name == name)
+    k = tc.define(case.source)
+    general = []
+    autograd = torch_ops._autograd
+    monkeypatch.setattr(torch_ops, "_autograd", lambda ctx, grads: general.append(1) or autograd(ctx, grads))
+    base = _tensors(case)
+    needs = [t.requires_grad for t in base]
+    terms = _terms(*base)
+
+    def step(g: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        xs = [t.detach().clone().requires_grad_(n) for t, n in zip(base, needs)]
+        y = k(*xs)
+        y = y[0] if isinstance(y, tuple) else y
+        y.backward(torch.ones_like(y) * 0.5 if g is None else g)
+        return y.detach(), [x.grad for x in xs if x.requires_grad]
+
+    y0, g0 = step()
+    for _ in range(2):
+        step()
+    del general[:]
+    for _ in range(3):
+        y, gs = step()
+        assert_close(y.numpy(), y0.numpy(), terms=terms)
+        for a, b in zip(gs, g0):
+            assert_close(a.numpy(), b.numpy(), terms=terms)
+    assert not general, "repeated training steps went through the general autograd function"
+    if y0.dim() == 2:  # a transposed gradient: contiguous() makes it the layout the plan knows
+        gt = (torch.ones(y0.shape[::-1], dtype=y0.dtype) * 0.5).t()
+        y, gs = step(gt)
+        for a, b in zip(gs, g0):
+            assert_close(a.numpy(), b.numpy(), terms=terms)
+    xs = [t.detach().clone().requires_grad_(n) for t, n in zip(base, needs)]
+    y = k(*xs)
+    y = y[0] if isinstance(y, tuple) else y
+    first = torch.autograd.grad((y * y).sum(), [x for x in xs if x.requires_grad], create_graph=True)
+    second = torch.autograd.grad(sum(f.sum() for f in first), [x for x in xs if x.requires_grad], allow_unused=True)
+    assert general, "a double backward took the plan's direct path"
+    ref = [t.detach().clone().requires_grad_(n) for t, n in zip(base, needs)]
+    fresh = tc.define(case.source)
+    yr = fresh(*ref)
+    yr = yr[0] if isinstance(yr, tuple) else yr
+    first_r = torch.autograd.grad((yr * yr).sum(), [x for x in ref if x.requires_grad], create_graph=True)
+    second_r = torch.autograd.grad(sum(f.sum() for f in first_r), [x for x in ref if x.requires_grad],
+                                   allow_unused=True)
+    for a, b in zip(first, first_r):
+        assert_close(a.detach().numpy(), b.detach().numpy(), terms=terms)
+    for a, b in zip(second, second_r):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert_close(a.numpy(), b.numpy(), terms=terms)
+
+
+@pytest.mark.cpu
 def test_tensors_that_are_not_strided_are_refused_on_every_call() -> None:
     """Sparse and mkldnn tensors have no strided storage to run at: a located error, on the first
     call and after a call on a dense tensor of the same shape (the repeated-call path), for a def and
