@@ -443,13 +443,13 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
         run = kernel._tensor_runner(lay)
         if run is not None:
             return run(args)
-    else:  # a layout that trained before: its plan (the dtypes were checked then)
-        steps = kernel.__dict__.get("_train_steps")
-        grad = tuple(needs)
-        step = steps.get((lay, grad)) if steps is not None else None
-        if step is not None and step.fk._tensor_runner(lay) is step.run and not (
-                "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args))
-                and _under_gradcheck()):
+    else:
+        if "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args)) \
+                and _under_gradcheck():
+            return None  # the slow path warns
+        steps = kernel.__dict__.get("_train_steps")  # a layout that trained before: its plan (dtypes checked then)
+        step = steps.get((lay, tuple(needs))) if steps is not None else None
+        if step is not None and step.fk._tensor_runner(lay) is step.run:
             res = _LeanStep.apply(step, *args)
             return res[0] if step.n_out == 1 else res[:step.n_out]
     dtypes = kernel.__dict__.get("_torch_dtypes")
@@ -457,9 +457,6 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
         dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
     if len(args) != len(dtypes) or any(a.dtype != want for a, want in zip(args, dtypes)):
         return None
-    if train and "_gradcheck_told" not in kernel.__dict__ and _probe(kernel) and _narrow_gradients(list(args)) \
-            and _under_gradcheck():
-        return None  # the slow path warns
     n = len(kernel.checked.outputs)
     if not train:
         res = _run_cpu(_entry(_forward_key(kernel, None, None, False)), args)
