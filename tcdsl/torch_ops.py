@@ -451,7 +451,7 @@ def repeated(kernel: Any, args: tuple[Any, ...]) -> Any:
         step = steps.get((lay, tuple(needs))) if steps is not None else None
         if step is not None and step.fk._tensor_runner(lay) is step.run:
             res = _LeanStep.apply(step, *args)
-            return res[0] if step.n_out == 1 else res[:step.n_out]
+            return res[0] if step.n_user == 1 else res[:step.n_user]
     dtypes = kernel.__dict__.get("_torch_dtypes")
     if dtypes is None:
         dtypes = kernel._torch_dtypes = tuple(torch_dtype(t.dtype) for t in kernel.checked.inputs)
@@ -531,10 +531,10 @@ class _Step:
     those gradients' output numbers and the layouts they must have, and the input position of
     each gradient it returns (-1: not needed)."""
 
-    __slots__ = ("fk", "run", "tc", "keep", "n_user", "n_out", "bw")
+    __slots__ = ("fk", "run", "tc", "keep", "n_user", "bw")
 
-    def __init__(self, fk: Any, run: Any, tc: tuple, keep: list[bool], n_user: int, n_out: int) -> None:
-        self.fk, self.run, self.tc, self.keep, self.n_user, self.n_out = fk, run, tc, keep, n_user, n_out
+    def __init__(self, fk: Any, run: Any, tc: tuple, keep: list[bool], n_user: int) -> None:
+        self.fk, self.run, self.tc, self.keep, self.n_user = fk, run, tc, keep, n_user  # n_user: the def's outputs
         self.bw: tuple | None = None
 
 
@@ -553,7 +553,7 @@ def _remember_step(kernel: Any, key: str, e: _Entry, lay: tuple, needs: tuple[bo
     if len(steps) >= _STEPS_PER_KERNEL:
         steps.clear()
     steps[(lay, needs)] = _Step(e.kernel, run, (key, needs, [(o.shape, o.dtype) for o in outs], kept[0]),
-                                kept[1], e.n_user_outputs, len(kernel.checked.outputs))
+                                kept[1], e.n_user_outputs)
 
 
 class _LeanStep(torch.autograd.Function):
