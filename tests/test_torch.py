@@ -141,8 +141,8 @@ def test_repeated_calls_on_tensors_of_one_layout_run_at_their_addresses() -> Non
 def test_repeated_training_steps_follow_their_plan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """From the third step on one layout, a training call runs forward and backward from the plan
     its first steps made (no lookups through the general autograd function) and gives the first
-    step's outputs and gradients; a gradient of another layout, a missing one or a double backward
-    take the general way and still give the right numbers."""
+    step's outputs and gradients; a transposed output gradient still gives them, and a double
+    backward takes the general way and matches a fresh kernel's."""
     from tcdsl import torch_ops
 
     case = next(c for c in CASES if c.name == name)
