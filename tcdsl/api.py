@@ -497,6 +497,9 @@ class Kernel:
     def __call__(self, *args: Any, out: Any = None, backend: str | None = None,
                  options: MappingOptions | None = None) -> Any:
         try:  # errors surface here, as _user_facing says: a repeated call's path has no wrapper
+            if backend == "c" and options is None and (self.backend == "c" or (self.backend is None and _has_cc())) \
+                    and all(type(a) is np.ndarray for a in args):
+                backend = None  # the backend this call takes anyway: the repeated-call paths below serve it
             if out is None and backend is None and options is None and not self._deep:
                 key = []  # a repeated call on arrays: straight to its kernel (_hot_entry, inline)
                 for a in args:

@@ -702,6 +702,31 @@ def test_repeated_calls_follow_what_the_call_depends_on(monkeypatch: pytest.Monk
     np.testing.assert_array_equal(k(A, B, backend="numpy"), k(A, B))
 
 
+@pytest.mark.cpu
+def test_naming_the_backend_a_call_takes_anyway_keeps_the_repeated_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``backend="c"`` on a kernel whose calls run C anyway (its own backend, or the default where a
+    C compiler exists) takes the repeated-call paths a plain call takes, with and without out=, each
+    call on its own numbers; a kernel defined for numpy still compiles and runs C when a call names it."""
+    k = tc.define(MM_SRC)
+    A, B = f32(5, 7, seed=50), f32(7, 3, seed=51)
+    out = np.empty((5, 3), np.float32)
+    k(A, B, backend="c")
+    k(A, B, backend="c", out=out)
+    monkeypatch.setattr(tc.Kernel, "_call", lambda self, *a, **kw: pytest.fail("slow path"))
+    for seed in (52, 53):
+        A = f32(5, 7, seed=seed)
+        assert_sum_close(k(A, B, backend="c"), np.matmul, A, B, terms=7)
+        out[...] = np.nan
+        assert k(A, B, backend="c", out=out) is out
+        assert_sum_close(out, np.matmul, A, B, terms=7)
+    monkeypatch.undo()
+    ref = tc.define(MM_SRC, backend="numpy")
+    ref(A, B)
+    built = ref.compile_count
+    assert_sum_close(ref(A, B, backend="c"), np.matmul, A, B, terms=7)
+    assert ref.compile_count == built + 1  # named: compiled and run in C, not the numpy call's path
+
+
 def test_repeated_out_calls_go_straight_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """A repeated call with out= on the same layouts runs the kernel without the first call's
     checks: each call's own numbers, outputs the def does not write whole zeroed again, outputs a
