@@ -297,6 +297,12 @@ def _matmul_scop() -> Any:
     return scop, dependences(scop)
 
 
+@pytest.fixture
+def fresh_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """isl's remembered answers (schedule._memo) set aside: the test's searches run."""
+    monkeypatch.setattr(schedule, "_memo", type(schedule._memo)())
+
+
 def _hand_schedule(scop: Any, update: str) -> isl.Schedule:
     umap = isl.UnionMap("{ init1[i0, i1] -> [0, i0, i1, 0]; " f"S1[i0, i1, i2] -> [1, i0, i1, {update}] }}")
     umap = umap.intersect_domain(scop.domain)
@@ -358,6 +364,29 @@ def test_reversed_use_of_a_temporary_under_every_fusion(fusion: str | None):
         np.testing.assert_array_equal(k(A, backend="c", options=opts), A[::-1] * np.float32(2) + np.float32(1))
 
 
+def test_isl_is_asked_each_question_once_per_process(monkeypatch: pytest.MonkeyPatch, fresh_schedules: None):
+    """A def lowered again under options that keep its fusion strategy asks isl's scheduler nothing
+    (its answers are remembered by the constraints and the strategy) and gets the same schedule;
+    another strategy asks again; the memory keeps its newest answers only."""
+    asked = []
+    search = guard.run
+    monkeypatch.setattr(guard, "run", lambda *a: asked.append(1) or search(*a))
+    k = tc.define(MATMUL)
+    A, B = f32((20, 30)), f32((30, 10), 1)
+    first = str(k.lowered(A, B, options=MappingOptions(fusion="max", tile=(8, 8, 8))).tree)
+    assert asked
+    before = len(asked)
+    for tile in ((4, 4, 4), (16, 2, 8)):
+        opts = MappingOptions(fusion="max", tile=tile)
+        assert str(k.lowered(A, B, options=opts).tree) == first and len(asked) == before
+        assert_sum_close(k(A, B, backend="c", options=opts), np.matmul, A, B, terms=30)
+    k.lowered(A, B, options=MappingOptions(fusion="min"))
+    assert len(asked) > before
+    monkeypatch.setattr(schedule, "MEMO_SCHEDULES", 2)
+    k.lowered(A, B, options=MappingOptions(fusion="preserve"))
+    assert 0 < len(schedule._memo) <= 2
+
+
 @pytest.mark.parametrize("fusion", FUSION)
 def test_check_legal_accepts_the_computed_and_the_program_order_schedules(fusion: str):
     scop, deps = _matmul_scop()
@@ -369,7 +398,7 @@ def test_check_legal_accepts_the_computed_and_the_program_order_schedules(fusion
 
 
 
-def test_schedule_search_in_a_child_gives_the_same_tree():
+def test_schedule_search_in_a_child_gives_the_same_tree(fresh_schedules: None):
     scop, deps = _matmul_scop()
     in_process = schedule._isl_schedule(scop.general, dependences(scop.general), MappingOptions(fusion="preserve"),
                                         100000)
@@ -481,7 +510,8 @@ STRIDED_CHAIN = ("def f(float(N) A, float(M) B, float(P) C) -> (S) {\n"
 
 
 @pytest.mark.cpu
-def test_scheduler_past_the_timeout_falls_back_to_the_program_order(monkeypatch: pytest.MonkeyPatch, fresh_cache: Path):
+def test_scheduler_past_the_timeout_falls_back_to_the_program_order(monkeypatch: pytest.MonkeyPatch, fresh_cache: Path,
+                                                                     fresh_schedules: None):
     """A scheduler search that runs too long (simulated: the search first sleeps) is stopped; the
     kernel warns and still computes the right result."""
     slow_run = guard.run
@@ -496,7 +526,7 @@ def test_scheduler_past_the_timeout_falls_back_to_the_program_order(monkeypatch:
 
 
 @pytest.mark.cpu
-def test_reduction_over_mixed_strides_compiles_within_the_limit(monkeypatch: pytest.MonkeyPatch):
+def test_reduction_over_mixed_strides_compiles_within_the_limit(monkeypatch: pytest.MonkeyPatch, fresh_schedules: None):
     """isl's scheduler once searched for minutes on this def (max fusion, range bounds that divide
     sizes): it now stops at the limit and the kernel still computes the right result."""
     monkeypatch.setenv("TCDSL_SCHEDULE_TIMEOUT", "2")
@@ -1121,7 +1151,7 @@ def test_float32_exp_within_three_ulp_and_special_values():
     assert out[0] == np.inf and out[1] == 0.0 and np.isnan(out[2]) and out[3] == np.inf and out[4] == 0.0
 
 
-def test_schedule_search_runs_here_when_fork_fails(monkeypatch: pytest.MonkeyPatch):
+def test_schedule_search_runs_here_when_fork_fails(monkeypatch: pytest.MonkeyPatch, fresh_schedules: None):
     def no_fork() -> int:
         raise OSError(12, "Cannot allocate memory")
 

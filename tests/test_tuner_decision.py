@@ -127,15 +127,21 @@ def test_sequential_looks_go_on_only_while_undecided_and_stop_when_timing_stops(
 
 
 def test_a_budget_holds_back_time_for_the_final_rounds():
+    """The search ends early enough for the final rounds: the timer's setup, the defaults' and the
+    search's best lowered again (a timer the search's end cut short is replaced), and the rounds,
+    as long as the defaults' took; at most a share of the budget."""
     defaults = MappingOptions().to_json()
     plan = T._Budget(deadline=1000.0, budget=100.0)
-    timed = SimpleNamespace(best=0.01, request_s={defaults: 0.05})
+    timed = SimpleNamespace(best=0.01, request_s={defaults: 0.05}, prepare_s={})
     rounds_s = T.DECISION_SETUP_S + T.DECISION_ROUNDS * 2 * 0.05
     assert plan.search_end(timed) == pytest.approx(1000.0 - rounds_s)  # the rounds, as long as the defaults'
-    slow = SimpleNamespace(best=0.01, request_s={defaults: 5.0})
+    lowered = SimpleNamespace(best=0.01, request_s={defaults: 0.05}, prepare_s={defaults: 2.5})
+    assert plan.search_end(lowered) == pytest.approx(1000.0 - rounds_s - 2 * 2.5)  # and lowering both again
+    slow = SimpleNamespace(best=0.01, request_s={defaults: 5.0}, prepare_s={defaults: 2.5})
     assert plan.search_end(slow) == pytest.approx(1000.0 - T.DECISION_SHARE * 100.0)  # at most a share
-    assert plan.search_end(SimpleNamespace(best=0.01, request_s={})) == pytest.approx(1000.0 - T.DECISION_SHARE * 100)
-    assert plan.search_end(SimpleNamespace(best=math.inf, request_s={})) == 1000.0  # nothing valid: no rounds
+    assert plan.search_end(SimpleNamespace(best=0.01, request_s={}, prepare_s={})) == \
+        pytest.approx(1000.0 - T.DECISION_SHARE * 100)
+    assert plan.search_end(SimpleNamespace(best=math.inf, request_s={}, prepare_s={})) == 1000.0  # nothing valid
     assert T._Budget(math.inf, None).search_end(timed) == math.inf
 
 

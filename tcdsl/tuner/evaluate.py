@@ -334,6 +334,7 @@ class Evaluator:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (options JSON, why)
     cut: set[str] = field(default_factory=set)  # options JSON the deadline stopped before they were scored
     request_s: dict[str, float] = field(default_factory=dict)  # options JSON -> wall seconds of its timing request
+    prepare_s: dict[str, float] = field(default_factory=dict)  # options JSON -> the timer's first lowering and load
     on_scored: Callable[[str, float], None] | None = None  # told each candidate's score as it is known
 
     def __post_init__(self) -> None:
@@ -549,10 +550,12 @@ class Evaluator:
         return min(self.run_timeout_s, max(MIN_TIMEOUT_S, SLOWER_THAN_BEST * self.best * (self.reps + 1)))
 
     def _time(self, text: str) -> float:
+        t0 = time.monotonic()
         reply = self._ask(self._timer, ("prepare", text), self.compile_timeout_s)  # lowering (isl) and loading
         if reply[0] != "ok":  # count apart from the run
             self._reject(text, f"compile: {reply[1]}")
             return math.inf
+        self.prepare_s.setdefault(text, time.monotonic() - t0)
         t0 = time.monotonic()
         reply = self._ask(self._timer, ("time", text, False), self.timeout())
         self.request_s[text] = time.monotonic() - t0

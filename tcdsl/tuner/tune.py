@@ -235,11 +235,13 @@ def autotune(kernel: Any, arrays: Sequence[np.ndarray], *, generations: int = 25
 @dataclass(frozen=True)
 class _Budget:
     """Splits a budget between the search and the final rounds against the defaults: the search
-    ends ``DECISION_ROUNDS`` rounds (two timing requests each, as long as the defaults' took) and
-    ``DECISION_SETUP_S`` before the deadline, or ``DECISION_SHARE`` of the budget before it if that
-    is less or the defaults are not timed yet. Nothing is held back while no candidate has a valid
-    time: there is nothing to decide, and the evaluator's grace for a first valid time runs from
-    the deadline."""
+    ends ``DECISION_ROUNDS`` rounds (two timing requests each, as long as the defaults' took),
+    ``DECISION_SETUP_S`` and twice the time the timer took to lower and load the defaults (a timer
+    the search's end cut short is replaced, and the new one lowers the defaults and the search's
+    best again: a maxpool's derived backward, ~2.5 s each) before the deadline, or
+    ``DECISION_SHARE`` of the budget before it if that is less or the defaults are not timed yet.
+    Nothing is held back while no candidate has a valid time: there is nothing to decide, and the
+    evaluator's grace for a first valid time runs from the deadline."""
 
     deadline: float
     budget: float | None
@@ -248,10 +250,12 @@ class _Budget:
         if self.budget is None or not math.isfinite(evaluator.best):
             return self.deadline
         most = DECISION_SHARE * self.budget
-        request = evaluator.request_s.get(MappingOptions().to_json())
+        defaults = MappingOptions().to_json()
+        request = evaluator.request_s.get(defaults)
         if request is None:
             return self.deadline - most
-        return self.deadline - min(most, DECISION_SETUP_S + DECISION_ROUNDS * 2 * request)
+        prepare = 2 * evaluator.prepare_s.get(defaults, 0.0)  # a replaced timer lowers both again
+        return self.deadline - min(most, DECISION_SETUP_S + prepare + DECISION_ROUNDS * 2 * request)
 
 
 class _Evaluate:
