@@ -71,6 +71,24 @@ void vecisa_min_max(const float *a, const float *b, float *mx, float *mn, const 
   }
 #endif
 }
+/* the n vectors at src (float32, then float64, n <= 8) stored side by side from dst, rows s apart:
+   dst[l * s + j] = v[j][l]; returns the float32 lanes */
+int vecisa_scatter_rows(const float *src, float *dst, const double *srcd, double *dstd, long s, int n) {
+#if TC_VEC
+  const int lanes = (int)(sizeof(tc_vf) / sizeof(float)), lanesd = (int)(sizeof(tc_vd) / sizeof(double));
+  tc_vf v[8];
+  tc_vd vd[8];
+  for (int j = 0; j < n; j++) {
+    v[j] = tc_vf_load(&src[j * lanes]);
+    vd[j] = tc_vd_load(&srcd[j * lanesd]);
+  }
+  tc_vf_scatter_rows(dst, s, n, v);
+  tc_vd_scatter_rows(dstd, s, n, vd);
+  return lanes;
+#else
+  return 0;
+#endif
+}
 """
 
 
@@ -237,3 +255,28 @@ def test_vector_min_max(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for got, want in zip(outs, wants):
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
     assert np.isnan(outs[0][:pairs.shape[0]][np.isnan(pairs).any(1)]).all()  # NaN from either side
+
+
+@pytest.mark.parametrize("name", _targets())
+def test_vectors_stored_side_by_side(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tc_v?_scatter_rows(p, s, n, v)``, float32 and float64, for every count of vectors from 1 to
+    8: lane ``l`` of vector ``j`` lands at ``p[l * s + j]``, and nothing else in the rows changes."""
+    lib, _, _ = _library(name, monkeypatch)
+    lib.vecisa_scatter_rows.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_int]
+    lib.vecisa_scatter_rows.restype = ctypes.c_int
+    rng = np.random.default_rng(7)
+    src = rng.standard_normal(8 * 64).astype(np.float32)
+    srcd = rng.standard_normal(8 * 64)
+    for n in range(1, 9):
+        s = 11  # more than 8: the rows do not overlap
+        dst = np.full(64 * s + 8, -7.0, np.float32)
+        dstd = np.full(64 * s + 8, -7.0)
+        lanes = lib.vecisa_scatter_rows(src.ctypes.data, dst.ctypes.data, srcd.ctypes.data, dstd.ctypes.data, s, n)
+        assert lanes > 0  # the vector layer is compiled in for this target
+        lanesd = lanes // 2
+        for got, values, width in ((dst, src, lanes), (dstd, srcd, lanesd)):
+            want = np.full_like(got, -7.0)
+            for j in range(n):
+                for lane in range(width):
+                    want[lane * s + j] = values[j * width + lane]
+            np.testing.assert_array_equal(got, want, err_msg=f"{n} vectors of {width} lanes ({got.dtype})")

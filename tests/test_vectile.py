@@ -292,6 +292,11 @@ def test_a_conv_whose_channel_planes_alias_in_l1_takes_one_vector_of_channels(
     if target.accumulators < 16 and F == 4 * lanes:  # AVX2: the channel form, all 32 filters in 4 vectors
         want = f"1x{lanes} lanes per row along f" if width == 34 else f"4x{lanes} lanes per row along f"
         assert want in passes, passes
+    # where the filters run down the output planes, each tile stores its columns as rows, side by side
+    tiles = [line for line in passes.split("\n") if "lanes per row along f" in line]
+    assert all("stored in rows along" in line for line in tiles), passes
+    if tiles:
+        assert "_scatter_rows(&t2[" in k.source(I, Wt) and "_scatter(&t2[" not in k.source(I, Wt)
     got = k(I, Wt)
     if target.fma:
         np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
