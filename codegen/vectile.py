@@ -708,7 +708,7 @@ def _store_rows(w: LineWriter, vt: VectorTile, tiles: list[tuple[tuple[int, ...]
                 acc: dict[tuple[tuple[int, ...], int], str], target: Callable[[tuple[int, ...], int], str],
                 v: str) -> None:
     """A scattered tile's stores, the accumulators that are neighbours along ``vt.across`` side by
-    side, up to ROWS_AT_ONCE at a time."""
+    side, up to ROWS_AT_ONCE at a time (one left alone is scattered)."""
     assert vt.across is not None
     d = vt.across
     groups: dict[tuple[tuple[int, ...], int], list[tuple[tuple[int, ...], int]]] = {}
@@ -718,6 +718,9 @@ def _store_rows(w: LineWriter, vt: VectorTile, tiles: list[tuple[tuple[int, ...]
         keys.sort(key=lambda key: key[0][d])
         for at in range(0, len(keys), ROWS_AT_ONCE):
             part = keys[at:at + ROWS_AT_ONCE]
+            if len(part) == 1:  # a row of one: the transpose would only add shuffles
+                w.line(f"{v}_scatter(&{target(*part[0])}, {vt.stride}, {acc[part[0]]});")
+                continue
             names = ", ".join(acc[key] for key in part)
             w.line(f"{v}_scatter_rows(&{target(*part[0])}, {vt.stride}, {len(part)}, ({v}[]){{{names}}});")
 

@@ -303,6 +303,30 @@ def test_a_conv_whose_channel_planes_alias_in_l1_takes_one_vector_of_channels(
     assert_sum_close(got, _conv, I, Wt, terms=C * 9)
 
 
+@pytest.mark.parametrize("width", [45, 57])
+def test_a_conv_in_filter_vectors_stores_its_columns_as_rows(width: int, target: cputarget.CpuTarget) -> None:
+    """A conv in vectors of its 64 filters stores each tile's output columns as rows, side by side
+    (``tc_vf_scatter_rows``); a row's last tile of one column (43 = 7x6 + 1 on AVX-512, 55 = 18x3 + 1
+    on AVX2) scatters it. The same bits as the scalar code, and numpy's values."""
+    N, C, F = 2, 16, 64
+    k = tc.define(CONV)
+    rng = np.random.default_rng(11)
+    I = (rng.random((N, C, 9, width)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((F, C, 3, 3)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, Wt).passes[-1][1])
+    tiles = [line for line in passes.split("\n") if "lanes per row along f" in line]
+    if tiles:  # the filters in the lanes, the columns across the tile
+        assert all("stored in rows along" in line for line in tiles), passes
+        src = k.source(I, Wt)
+        assert "_scatter_rows(&t2[" in src, src
+        if (width - 2) % int(re.findall(r"(\d+)x\d+ register tile", tiles[0])[0]) == 1:
+            assert "_scatter(&t2[" in src, src  # the one-column tile
+    got = k(I, Wt)
+    if target.fma:
+        np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
+    assert_sum_close(got, _conv, I, Wt, terms=C * 9)
+
+
 STRIDED_PADDED_CONV = """def convsp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O) {
     O(n,f,h,w) +=! I(n,r_c,2*h + r_kh - 1,2*w + r_kw - 1) * W1(f,r_c,r_kh,r_kw) where h in 0:H / 2, w in 0:W / 2
 }"""
