@@ -259,7 +259,8 @@ def report(samples: dict[str, list[float]], checks: dict[str, str], problems: Se
 
 
 def blas_line() -> str:
-    """numpy's version and BLAS and the thread pools loaded in this process, in one line."""
+    """numpy's version and BLAS and the thread pools loaded in this process, in one line (or that no
+    OpenMP runtime is loaded: kernels too small for a parallel loop do not load one)."""
     try:
         from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
     except ImportError:
@@ -278,9 +279,11 @@ def blas_line() -> str:
     for p in (ours or blas)[:1]:
         parts.append(f"BLAS {p.get('internal_api')} {p.get('version')} ({p.get('architecture')}, "
                      f"{p.get('threading_layer')}, {_count(p.get('num_threads'))})")
-    for p in pools:
-        if p.get("user_api") == "openmp":
-            parts.append(f"kernels' OpenMP: {p.get('prefix')} ({_count(p.get('num_threads'))})")
+    omp = [p for p in pools if p.get("user_api") == "openmp"]
+    for p in omp:
+        parts.append(f"kernels' OpenMP: {p.get('prefix')} ({_count(p.get('num_threads'))})")
+    if not omp:  # the kernels so far have no parallel loop (too small to split), so none loaded it
+        parts.append("kernels' OpenMP: not loaded (the kernels run on one thread)")
     return "; ".join(parts)
 
 
