@@ -118,12 +118,13 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
-/* Iterations per chunk of a parallel loop: about eight chunks per thread, handed out as threads
-   become free, so a thread that loses its core to another process holds up less of the work */
+/* Iterations per chunk of a parallel loop: about 32 chunks per thread, handed out as threads
+   become free, so a thread that loses its core to another process holds up less of the work, and
+   the last chunks leave little to wait for */
 #ifdef _OPENMP
 #include <omp.h>
 static inline long tc_chunk(long trips) {
-  const long c = trips / (8L * omp_get_max_threads());
+  const long c = trips / (32L * omp_get_max_threads());
   return c > 1 ? c : 1;
 }
 #endif
@@ -1191,7 +1192,9 @@ def _schedule(n: LFor) -> str:
     """The schedule clause of parallel loop ``n`` (and, collapsed, of the loop inside it): chunks
     handed out dynamically where the iteration count is known (on a machine shared with other
     work, a static split waits for its slowest thread: softmax 2.5 -> 1.8 ms median with another
-    process on one of two cores), static otherwise."""
+    process on one of two cores), static otherwise. ``tc_chunk`` makes about 32 chunks per thread:
+    AVX2 FC 128x1024 -> 1024 in 171 row tiles, paired rounds on 2 threads against 8 blocks of 132
+    rows, ran 0.98x in chunks of 10 tiles (8 per thread) and 1.02x in chunks of 2."""
     trips = trip_count(n)
     if trips is not None and n.collapse:
         inner = n.body[0]

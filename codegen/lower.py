@@ -529,7 +529,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             else:
                 reuse = loop
                 break
-        if reuse is None or reuse.omp or any(p.omp for p in panel) or len(panel) > 1:
+        if reuse is None or any(p.omp for p in panel) or len(panel) > 1:
             continue
         if panel and (panel[0].step != width or not isinstance(panel[0].init, LInt)):
             continue
@@ -575,7 +575,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.shared_pack_bytes, itemsize)
         if whole is not None:
             return path[0], whole
-        if per_thread_fits:
+        if per_thread_fits and not reuse.omp:  # (a parallel reuse loop: each thread would copy it all)
             return reuse, pack
     return None
 
@@ -622,7 +622,9 @@ def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[
     128x1024 -> 1024 1.094x -> 1.115x."""
     outside = path[:path.index(reuse)]
     chunks = [x for x in outside if x.var in moves]
-    again = [x for x in outside if x.var not in moves]
+    # (a parallel reuse loop copies the panels again in each of its iterations: the register
+    # tiles' rows, one tile per cache tile, transform's rows of a contraction packed once)
+    again = [x for x in outside if x.var not in moves] + ([reuse] if reuse.omp else [])
     if not any((trip_bound(x) or 0) > 1 for x in again):
         return None
     fixed = {x.var for x in again} | {reuse.var}

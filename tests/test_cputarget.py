@@ -162,6 +162,59 @@ def test_rows_share_packed_panels_in_equal_tiles() -> None:
         assert f"c0 += {step})" in low.source.text and ("packed panels of B" in low.source.text) == packed
 
 
+FC = """def fc(float(B,M) I, float(N,M) W1, float(N) B1) -> (O) {
+    O(b,n) +=! I(b,r_m) * W1(n,r_m)
+    O(b,n) = fmax(O(b,n) + B1(n), 0.0)
+}"""
+MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,r_k) * B(r_k,n) }"
+BMM = "def bmm(float(Q,M,K) A, float(Q,K,N) B) -> (C) { C(q,m,n) +=! A(q,m,r_k) * B(q,r_k,n) }"
+
+
+def test_rows_in_single_register_tiles_where_blocks_reuse_nothing() -> None:
+    """Where a row cache tile would reuse nothing one register tile does not (the panels of the
+    operand loaded along the rows run straight inside the rows, and the reduction is whole, or the
+    whole operand fits half of L2), each row cache tile is one register tile of 6 rows, shared out
+    finely among the threads: FC 128x1024 -> 1024 on AVX2 (packed whole, once per call) and on
+    AVX-512 with 1 MiB of L2 (read in place, the reduction in chunks); not with 512 KiB of L2
+    there, nor for matmul 1024^3 (blocks of its columns), nor inside a batch loop."""
+    avx2 = cputarget.preset("avx2")
+    avx512 = dataclasses.replace(cputarget.preset("avx512"), l2=1 << 20)
+    fc, mm, bmm = tc.define(FC), tc.define(MM), tc.define(BMM)
+    f32 = np.float32
+    fc_args = (np.zeros((128, 1024), f32), np.zeros((1024, 1024), f32), np.zeros(1024, f32))
+
+    def loops(k: tc.Kernel, args: tuple, target: cputarget.CpuTarget) -> str:
+        return str(k.lowered(*args, target=target).passes[-1][1])
+
+    fine = "c0 += 6)  // parallel omp"
+    assert fine in loops(fc, fc_args, avx2) and "copied by all threads" in loops(fc, fc_args, avx2)
+    assert fine in loops(fc, fc_args, avx512)
+    assert fine not in loops(fc, fc_args, cputarget.preset("avx512"))  # 512 KiB of L2
+    square = (np.zeros((1024, 1024), f32),) * 2
+    assert "c0 += 132)" in str(mm.lowered(*square, target=avx2).passes[-1][1])
+    batched = (np.zeros((8, 256, 128), f32), np.zeros((8, 128, 128), f32))
+    assert "+= 6)  // parallel omp" not in str(bmm.lowered(*batched, target=avx2).passes[-1][1])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", runnable_of("avx2", "avx512"))
+def test_rows_in_single_register_tiles_give_numpy_numbers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FC and matmul in single-register-tile row blocks (the rows not a multiple of 6: a last,
+    shorter tile): numpy's numbers, bit for bit those of the scalar code."""
+    monkeypatch.setenv("TCDSL_CPU", name)
+    rng = np.random.default_rng(7)
+    I, W1, B1 = (rng.standard_normal(s).astype(np.float32) for s in ((96, 512), (200, 512), (200,)))
+    fc = tc.define(FC)
+    assert "+= 6)  // parallel omp" in str(fc.lowered(I, W1, B1).passes[-1][1])
+    got = fc(I, W1, B1)
+    assert_sum_close(got, lambda i, w, b: np.maximum(i @ w.T + b, 0), I, W1, B1, terms=512)
+    A, B = (rng.standard_normal(s).astype(np.float32) for s in ((100, 256), (256, 256)))
+    mm = tc.define(MM)
+    assert "+= 6)  // parallel omp" in str(mm.lowered(A, B).passes[-1][1])
+    assert_sum_close(mm(A, B), lambda a, b: a @ b, A, B, terms=256)
+    np.testing.assert_array_equal(mm(A, B), mm(A, B, options=MappingOptions(vectorize=False)))
+
+
 @pytest.mark.cpu
 def test_the_target_is_in_the_kernel_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
     if toolchain.native_target(tuple(toolchain.compiler())).isa != "avx512":

@@ -1362,7 +1362,8 @@ def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch
     """On AVX2 (16-lane panels, half a line per vector) a matmul with several row blocks packs the
     whole of B once per call, before the parallel loops, the column blocks becoming dimensions of
     the buffer (the last cut short in the second and third shapes; the reduction runs unchunked,
-    transform.plan's deep chunks): the numbers of numpy, and the bits of the per-thread packs."""
+    transform.plan's deep chunks): the numbers of numpy, and the bits of the per-thread packs and
+    of a whole copy read by a parallel loop of row tiles."""
     monkeypatch.setenv("TCDSL_CPU", "avx2")
     M, K, N = shape
     rng = np.random.default_rng(M)
@@ -1372,10 +1373,16 @@ def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch
     assert "once for every thread, copied by all threads" in loops, loops
     got = k(A, B)
     assert_close(got, _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
-    # register tiles the size of one row block: no block again, so each thread packs its own panels
-    small = MappingOptions(tile=(M, 512, 128), register_tile=(6, 16, 1))
-    assert "copied by all threads" not in str(k.lowered(A, B, options=small).passes[-1][1])
-    np.testing.assert_array_equal(k(A, B, options=small), got)
+    # column blocks outside the rows, each reading its own panels: each thread packs its own
+    own = MappingOptions(tile=(M, 64, 128), register_tile=(6, 16, 1))
+    loops = str(k.lowered(A, B, options=own).passes[-1][1])
+    assert "pack B" in loops and "copied by all threads" not in loops, loops
+    np.testing.assert_array_equal(k(A, B, options=own), got)
+    # every row tile in the parallel loop, which reads the panels again in each iteration: one copy
+    rows = MappingOptions(tile=(M, N, 128), register_tile=(6, 16, 1))
+    loops = str(k.lowered(A, B, options=rows).passes[-1][1])
+    assert "copied by all threads" in loops and "+= 6)  // parallel omp" in loops, loops
+    np.testing.assert_array_equal(k(A, B, options=rows), got)
 
 
 @pytest.mark.skipif(not runnable("avx2"), reason="an x86 machine with AVX2")
