@@ -118,13 +118,13 @@ static inline unsigned long tc_unz(unsigned long d, long code, long *err) {
   if (d == 0) { tc_fail(err, code, 0); return 1; }
   return d;
 }
-/* Iterations per chunk of a parallel loop: about 32 chunks per thread, handed out as threads
-   become free, so a thread that loses its core to another process holds up less of the work, and
-   the last chunks leave little to wait for */
+/* Iterations per chunk of a parallel loop: about per_thread chunks per thread, handed out as
+   threads become free, so a thread that loses its core to another process holds up less of the
+   work */
 #ifdef _OPENMP
 #include <omp.h>
-static inline long tc_chunk(long trips) {
-  const long c = trips / (32L * omp_get_max_threads());
+static inline long tc_chunk(long trips, long per_thread) {
+  const long c = trips / (per_thread * omp_get_max_threads());
   return c > 1 ? c : 1;
 }
 #endif
@@ -1192,16 +1192,22 @@ def _schedule(n: LFor) -> str:
     """The schedule clause of parallel loop ``n`` (and, collapsed, of the loop inside it): chunks
     handed out dynamically where the iteration count is known (on a machine shared with other
     work, a static split waits for its slowest thread: softmax 2.5 -> 1.8 ms median with another
-    process on one of two cores), static otherwise. ``tc_chunk`` makes about 32 chunks per thread:
-    AVX2 FC 128x1024 -> 1024 in 171 row tiles, paired rounds on 2 threads against 8 blocks of 132
-    rows, ran 0.98x in chunks of 10 tiles (8 per thread) and 1.02x in chunks of 2."""
+    process on one of two cores), static otherwise: ``CHUNKS_PER_THREAD`` chunks a thread, or
+    ``FINE_CHUNKS_PER_THREAD`` where the loop runs register tiles (``LFor.fine``, the lowering's
+    parallel pass)."""
     trips = trip_count(n)
     if trips is not None and n.collapse:
         inner = n.body[0]
         assert isinstance(inner, LFor)
         m = trip_count(inner)
         trips = None if m is None else trips * m
-    return "schedule(static)" if trips is None else f"schedule(dynamic, tc_chunk({trips}L))"
+    if trips is None:
+        return "schedule(static)"
+    return f"schedule(dynamic, tc_chunk({trips}L, {FINE_CHUNKS_PER_THREAD if n.fine else CHUNKS_PER_THREAD}))"
+
+
+CHUNKS_PER_THREAD = 8  # a parallel loop's dynamic chunks per thread
+FINE_CHUNKS_PER_THREAD = 32  # the same for a loop over register tiles
 
 
 SMALL_BRANCH = 32  # nodes: the largest branch a choice computes before it chooses (_loads_anyway)

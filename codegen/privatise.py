@@ -27,7 +27,7 @@ from tcdsl.polyhedral.loopir import LCall, LFor, LInt, LNode, LoopIR, LOp, LVar,
 from . import memshare
 from .facts import Facts
 
-BLOCKS_PER_CORE = 8  # row blocks per core (each a chunk of the parallel loop: partial rows cost memory)
+BLOCKS_PER_CORE = 8  # row blocks per core (as tc_chunk's chunks of a parallel loop)
 MIN_ROWS = 16  # fewer rows than this: the sum keeps its own nest
 # Nor where the rows the sums read take less than the target's L2 (layernorm's backward, paired
 # rounds: 150x260 0.91x against the sums' own nest; 1500x1000, in L3, 0.91-1.16x; 8000x2000,

@@ -60,6 +60,7 @@ class LFor(LNode):
     hoist: tuple[tuple[str, int, int], ...] = ()  # reads loaded once before the loop: (name, call, read)
     unroll: int = 0  # unroll this many (all) iterations
     collapse: bool = False  # `omp parallel for collapse(2)` with the loop inside
+    fine: bool = False  # an omp loop over register tiles: its threads take them in fine chunks
     private: tuple[str, ...] = ()  # the sums into these run in partial rows per block of rows (codegen.privatise)
     blocks: int = 0  # the blocks of rows, with ``private``
     vector: Any = field(default=None, compare=False)  # the loop in explicit vectors (codegen.vecloop)
@@ -428,7 +429,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
     pad = "  " * depth
     if isinstance(n, LFor):
         tags = [t for t, on in (("parallel", n.parallel), ("omp", n.omp), ("simd", n.simd),
-                                ("collapse(2)", n.collapse), ("register tile", n.tile)) if on]
+                                ("collapse(2)", n.collapse), ("fine chunks", n.fine),
+                                ("register tile", n.tile)) if on]
         if n.unroll:
             tags.append(f"unroll {n.unroll}")
         if n.private:

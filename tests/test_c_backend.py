@@ -1177,14 +1177,15 @@ def test_few_parallel_tiles_share_threads_with_the_next_loop(b: int, m: int, n: 
 @pytest.mark.cpu
 @pytest.mark.parametrize("threads", [1, 3, 64])
 def test_parallel_loops_hand_out_chunks_for_any_thread_count(threads: int):
-    """Parallel loops with a known iteration count are scheduled in chunks of about an eighth of
-    a thread's share (at least one iteration), so any number of threads computes every tile once."""
+    """Parallel loops with a known iteration count are scheduled in chunks of about an eighth (or,
+    over register tiles, a 32nd) of a thread's share (at least one iteration), so any number of
+    threads computes every tile once."""
     gomp = ctypes.CDLL("libgomp.so.1")
     before = gomp.omp_get_max_threads()
     k = tc.define(FC_EPILOGUE)
     I, W, bias = f32((100, 33)), f32((33, 1000), 1), f32((1000,), 2)
     src = k.source(I, W, bias)
-    assert re.search(r"#pragma omp parallel for schedule\(dynamic, tc_chunk\(\d+L\)\)", src), src
+    assert re.search(r"#pragma omp parallel for schedule\(dynamic, tc_chunk\(\d+L, (8|32)\)\)", src), src
     try:
         gomp.omp_set_num_threads(threads)
         got = k(I, W, bias, backend="c")
@@ -1344,7 +1345,7 @@ def test_a_batched_products_batch_steps_outside_its_cache_tiles(z: int, m: int, 
     kern = tc.define("def bmm(float(Z,M,K) A, float(Z,K,N) B) -> (C) { C(z,m,n) +=! A(z,m,r_k) * B(z,r_k,n) }")
     A, B = f32((z, m, k)), f32((z, k, n), 1)
     first = str(kern.lowered(A, B).passes[-1][1]).split("\n")[0]
-    batch = rf"for \((c\d+) = 0; \(\1 <= {z - 1}\); \1 \+= 1\)  // parallel omp( collapse\(2\))?"
+    batch = rf"for \((c\d+) = 0; \(\1 <= {z - 1}\); \1 \+= 1\)  // parallel omp( collapse\(2\))?( fine chunks)?"
     assert re.fullmatch(batch, first), first
     assert_sum_close(kern(A, B), np.matmul, A, B, terms=k)
 

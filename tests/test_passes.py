@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcRuntimeError
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
-from tcdsl.polyhedral.loopir import LCall, LFor, LInt, LOp, LVar, expr_value, loop_values, walk
+from tcdsl.polyhedral.loopir import LCall, LFor, LInt, LOp, LTile, LVar, expr_value, loop_values, walk
 from tcdsl.tuner import space as S
 
 try:
@@ -132,6 +133,31 @@ def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, p
     k = tc.define(MM)
     low = k.lowered(np.zeros((96, 1000), np.float32), np.zeros((1000, columns), np.float32), target=target)
     assert ("pack B" in lower.trace(low.passes)) == packed
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+def test_loops_over_register_tiles_take_fine_chunks_and_streamed_rows_long_ones(target: str) -> None:
+    """The parallel pass marks an omp loop fine exactly where it runs register tiles; the C hands
+    its iterations out in about 32 chunks a thread, a streaming row loop's in about 8."""
+    def omp_loops(low: object) -> list[LFor]:
+        return [n for n in walk(low.lowered_ir.body) if isinstance(n, LFor) and n.omp]  # type: ignore[attr-defined]
+
+    fc = tc.define("def fc(float(B,K) X, float(N,K) W, float(N) Bs) -> (Y) {\n"
+                   "  Y(b, n) +=! X(b, r_k) * W(n, r_k)\n  Y(b, n) = fmax(Y(b, n) + Bs(n), 0.0)\n}")
+    fc_args = (np.zeros((128, 1024), np.float32), np.zeros((1024, 1024), np.float32), np.zeros(1024, np.float32))
+    low = fc.lowered(*fc_args, target=target)
+    loops = omp_loops(low)
+    assert any(n.fine for n in loops), lower.trace(low.passes)
+    assert all(n.fine == any(isinstance(m, LTile) for m in walk(n.body)) for n in loops)
+    assert "fine chunks" in lower.trace(low.passes)
+    assert re.search(r"schedule\(dynamic, tc_chunk\(\d+L, 32\)\)", fc.source(*fc_args))
+
+    sm = tc.define("def sm(float(N,D) X) -> (Y) { mx(n) max=! X(n,r_d)\n e(n,d) = exp(X(n,d) - mx(n))\n"
+                   " s(n) +=! e(n,r_d)\n Y(n,d) = e(n,d) / s(n) }")
+    x = np.zeros((2000, 1000), np.float32)
+    loops = omp_loops(sm.lowered(x, target=target))
+    assert loops and not any(n.fine for n in loops)
+    assert "schedule(dynamic, tc_chunk(2000L, 8))" in sm.source(x)
 
 
 def test_a_failed_panel_allocation_is_a_located_error_before_anything_is_written(
