@@ -1018,10 +1018,9 @@ def targets(results: list[Result], have_torch: bool) -> None:
         else:
             x, xb = (triad_fraction(r, t) if against == "triad" else ratio(t.get(against), t.get("tcdsl"))
                      for t in (r.times, r.best))
-            verdict = "n/a" if x is None else f"{'met' if x >= thr else 'NOT met'} ({x:.2f}x; best-of {xb:.2f}x"
-            if x is not None and against != "triad" and against in r.paired:
-                verdict += f"; paired rounds {r.paired[against]:.2f}x"
-            verdict = verdict if x is None else verdict + ")"
+            paired = f"; paired rounds {r.paired[against]:.2f}x" if against != "triad" and against in r.paired else ""
+            verdict = "n/a" if x is None else \
+                f"{'met' if x >= thr else 'NOT met'} ({x:.2f}x; best-of {xb:.2f}x{paired})"
         print(f"- {what}: {verdict}")
     builds = sorted(r.compile_s for r in results if r.compile_s is not None)
     if builds:

@@ -1188,6 +1188,10 @@ def _literal(v: object, ctype: str) -> str:
     return f"(({ctype}){iv})" if ctype not in ("int32_t",) else (str(iv) if iv >= 0 else f"({iv})")
 
 
+CHUNKS_PER_THREAD = 8  # a parallel loop's dynamic chunks per thread
+FINE_CHUNKS_PER_THREAD = 32  # the same for a loop over register tiles
+
+
 def _schedule(n: LFor) -> str:
     """The schedule clause of parallel loop ``n`` (and, collapsed, of the loop inside it): chunks
     handed out dynamically where the iteration count is known (on a machine shared with other
@@ -1204,10 +1208,6 @@ def _schedule(n: LFor) -> str:
     if trips is None:
         return "schedule(static)"
     return f"schedule(dynamic, tc_chunk({trips}L, {FINE_CHUNKS_PER_THREAD if n.fine else CHUNKS_PER_THREAD}))"
-
-
-CHUNKS_PER_THREAD = 8  # a parallel loop's dynamic chunks per thread
-FINE_CHUNKS_PER_THREAD = 32  # the same for a loop over register tiles
 
 
 SMALL_BRANCH = 32  # nodes: the largest branch a choice computes before it chooses (_loads_anyway)
