@@ -8,7 +8,10 @@ it: the rows run in blocks, each block sums into partial rows of its own (``LFor
 after the loop the partial rows are added to the target in block order. The sum reads the same
 data the row loop has just read, the threads never share an element, and the result is the same
 for every run of the kernel (the blocks are fixed by the sizes and the target's cores, not by which
-thread takes them).
+thread takes them). The sums run first in each row, as the row's first pass through memory:
+the row's own loops then find the operands in L1 (layernorm's backward, 1500x1000, 2 threads, AVX-512,
+paired rounds: 0.83 -> 0.71 ms on inputs fresh from memory, 0.37 -> 0.34 ms on inputs in L3, against
+the sums at the end of the row, where the row's other loops had pushed its operands out of L1).
 
 The sum must read only inputs (nothing the kernel writes), and its target must be read by nothing
 in the kernel and written by nothing but its own init, which runs before the row loop: then where
@@ -37,7 +40,7 @@ PARTIAL_BYTES = 64 << 20  # at most this much memory for the partial rows of one
 
 def privatise(ir: LoopIR, f: Facts) -> LoopIR:
     """Each sum nest that qualifies (see the module's docstring) moved into the parallel row loop
-    of as many rows that shares an operand with it, as loops at the end of its body."""
+    of as many rows that shares an operand with it, as loops at the start of its body."""
     body = list(ir.body)
     for i, row in enumerate(body):
         if not (isinstance(row, LFor) and row.omp and row.parallel and not row.collapse and not row.private):
@@ -68,7 +71,7 @@ def privatise(ir: LoopIR, f: Facts) -> LoopIR:
         if blocks * row_bytes > PARTIAL_BYTES:
             continue
         loops = _loops(calls, row.var, f, _next_var(ir))
-        body[i] = replace(row, body=(*row.body, *loops), private=targets, blocks=blocks)
+        body[i] = replace(row, body=(*loops, *row.body), private=targets, blocks=blocks)
         early = [body[j] for j in sorted(set(moved))]
         out = [n for j, n in enumerate(body) if j not in taken and j not in moved]
         at = out.index(body[i])
