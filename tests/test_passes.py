@@ -258,8 +258,9 @@ def test_layernorm_gain_and_bias_gradients_sum_in_the_row_loop(N: int, D: int, d
     """In layernorm's derived backward, d_G and d_Bt are sums over the rows of what the row loop
     reads (d_Y, X): the privatise pass moves them into it, each block of rows summing into partial
     rows of its own, added in block order after the loop (rows not a multiple of the blocks:
-    1003); no nest of their own is left, the kernel allocates the partial rows before anything
-    else, and the gradients match the interpreter's, the same on every call."""
+    1003), and they run first in each row; no nest of their own is left, the kernel allocates the
+    partial rows before anything else, and the gradients match the interpreter's, the same on
+    every call."""
     bwd, args = _layernorm_backward(N, D, dtype)
     low = bwd.lowered(*args)
     of = {low.scop.tc_statement(st.name).tensor: st.name for st in low.scop.stmts if st.kind == "update"}
@@ -268,6 +269,8 @@ def test_layernorm_gain_and_bias_gradients_sum_in_the_row_loop(N: int, D: int, d
     assert len(rows) == 1 and set(rows[0].private) == {"d_G", "d_Bt"}, str(after)
     assert 1 < rows[0].blocks <= N
     assert "summing d_G, d_Bt in partial rows" in str(low.lowered_ir)
+    first = rows[0].body[0]  # the sums are the row's first pass through its operands
+    assert {c.stmt for c in walk((first,)) if isinstance(c, LCall)} == {of["d_G"], of["d_Bt"]}, str(after)
     for n in after.body:
         if n is not rows[0]:
             assert not {of["d_G"], of["d_Bt"]} & {c.stmt for c in walk((n,)) if isinstance(c, LCall)}, str(after)
