@@ -6,7 +6,7 @@ so it reads its operands once more after the row loop that reads them already (l
 read ``d_Y`` and ``X`` twice). Where a parallel row loop of as many rows exists, the sum moves into
 it: the rows run in blocks, each block sums into partial rows of its own (``LFor.private``), and
 after the loop the partial rows are added to the target in block order. The sum reads the same
-data the row loop has just read, the threads never share an element, and the result is the same
+rows as the row loop, in the same iteration, the threads never share an element, and the result is the same
 for every run of the kernel (the blocks are fixed by the sizes and the target's cores, not by which
 thread takes them). The sums run first in each row, as the row's first pass through memory:
 the row's own loops then find the operands in L1 (layernorm's backward, 1500x1000, 2 threads, AVX-512,
