@@ -6,12 +6,13 @@ so it reads its operands once more after the row loop that reads them already (l
 read ``d_Y`` and ``X`` twice). Where a parallel row loop of as many rows exists, the sum moves into
 it: the rows run in blocks, each block sums into partial rows of its own (``LFor.private``), and
 after the loop the partial rows are added to the target in block order. The sum reads the same
-rows as the row loop, in the same iteration, the threads never share an element, and the result is the same
-for every run of the kernel (the blocks are fixed by the sizes and the target's cores, not by which
-thread takes them). The sums run first in each row, as the row's first pass through memory:
-the row's own loops then find the operands in L1 (layernorm's backward, 1500x1000, 2 threads, AVX-512,
-paired rounds: 0.83 -> 0.71 ms on inputs fresh from memory, 0.37 -> 0.34 ms on inputs in L3, against
-the sums at the end of the row, where the row's other loops had pushed its operands out of L1).
+rows as the row loop, in the same iteration, the threads never share an element, and the result
+is the same for every run of the kernel (the blocks are fixed by the sizes and the target's cores,
+not by which thread takes them). The sums run first in each row, as the row's first pass through
+memory: the row's own loops then find the operands in L1 (layernorm's backward, 1500x1000, 2
+threads, AVX-512, paired rounds: 0.83 -> 0.71 ms on inputs fresh from memory, 0.37 -> 0.34 ms on
+inputs in L3, against the sums at the end of the row, where the row's other loops had pushed its
+operands out of L1).
 
 The sum must read only inputs (nothing the kernel writes), and its target must be read by nothing
 in the kernel and written by nothing but its own init, which runs before the row loop: then where
