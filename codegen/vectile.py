@@ -17,9 +17,11 @@ Auto-vectorised, the same tile has GCC fold each load into every multiply-add th
 (one load per FMA, most of them across a cache line): conv2d's 4x54 tile ran at a third of one
 core's FMA peak that way and at 80 % this way. Where one outer tile loop is partial (6-row tiles
 of 1024 rows), the last tile takes a vector tile of its own with the rows left (4), for each such
-size the loops around it give (at most REST_SIZES); other partial tiles take the scalar tile (6x16
-tiles of 85 columns, along the row, where a shifted tile cannot serve). Lanes and the accumulator
-budget come from the ``CpuTarget``.
+size the loops around it give (at most REST_SIZES). So does a tile whose row alone is cut short,
+where a shifted tile cannot serve: 6x64 tiles of 500 columns end in a 6x52 vector tile (the
+weight gradient of a 96x500 -> 900 layer, AVX-512, 2 threads, 60 paired calls: 0.58 -> 0.41 ms,
+0.64 -> 0.90 of the FMA peak, the same bits). Other partial tiles, and rows cut shorter than a
+half vector, take the scalar tile. Lanes and the accumulator budget come from the ``CpuTarget``.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
 54-wide row in 16 lanes: 0, 16, 32, 38): the overlapped elements are computed twice, from the
@@ -122,8 +124,8 @@ class VectorTile:
     shift_ok: LExpr | None = None
     stride: int = 1  # elements between the target's neighbours along the row (> 1: gathered and scattered)
     half: bool = False  # the last vector of a row is a half vector (CpuTarget.half_vectors) of lanes // 2
-    # a tile cut short across the rows (the last 4 of 64 channels in 6-channel tiles): the test
-    # that it has that many rows, and the tile of that many rows in vectors
+    # a tile cut short across the rows (the last 4 of 64 channels in 6-channel tiles), or along its
+    # row (the last 52 of 500 columns): the test that it has that size, and the tile of it in vectors
     rests: tuple[tuple[LExpr, VectorTile], ...] = ()
     rolled: tuple[str, ...] = ()  # short serial loops printed as loops, not peeled (see _rolled)
     narrow: bool = False  # every vector a half vector: the row is shorter than a whole one
@@ -318,13 +320,16 @@ REST_SIZES = 2  # the most sizes of a tile cut short across its rows that take a
 
 def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str],
            loops: tuple[LFor, ...]) -> tuple[tuple[tuple[LExpr, VectorTile], ...], bool]:
-    """The vector tiles of ``rt`` cut short along its one partial row loop, one per size the loops
-    around it give that loop (at most REST_SIZES): the last 4 of 64 output channels in tiles of 6
-    take a 4-row vector tile, not the scalar tile (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against
-    39 ms; in scalars, a tenth of the channels took most of the time). And whether every size the
-    loops give is the whole tile's or one of these (enumerated from the loops' bounds: a superset
-    of the sizes a run meets)."""
+    """The vector tiles of ``rt`` cut short along its one partial row loop (else along the row
+    itself, its vector loop), one per size the loops around it give that loop (at most
+    REST_SIZES): the last 4 of 64 output channels in tiles of 6 take a 4-row vector tile, not the
+    scalar tile (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against 39 ms; in scalars, a tenth of the
+    channels took most of the time), and the last 52 of 500 columns in 64-wide tiles a 6x52 tile
+    (see the module's docstring). And whether every size the loops give is the whole tile's or one
+    of these (enumerated from the loops' bounds: a superset of the sizes a run meets)."""
     partial = [i for i, f in enumerate(rt.inner[:-1]) if trip_count(f) is None]
+    if not partial and trip_count(rt.inner[-1]) is None:
+        partial = [len(rt.inner) - 1]  # the row itself cut short: the last 52 of 500 columns in 64-wide tiles
     if len(partial) != 1:
         return (), False
     i = partial[0]
@@ -758,7 +763,9 @@ def cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], VectorTile, LExpr | N
         out.append(((vt.shift_ok,), vt, vt.shift, f"  // the row's last {vt.rt.extents[-1]}"))
     for test, rest in vt.rests:
         rows = "x".join(map(str, rest.rt.extents[:-1]))
-        out.append(((test, *rest.full), rest, None, f"  // {rows} rows"))
+        cut = rest.rt.extents[-1] != vt.rt.extents[-1]  # the row cut short, not the rows
+        out.append(((test, *rest.full), rest, None,
+                    f"  // the row's last {rest.rt.extents[-1]}" if cut else f"  // {rows} rows"))
         if rest.shift is not None and rest.shift_ok is not None:
             last = f"  // {rows} rows, the row's last {rest.rt.extents[-1]}"
             out.append(((test, rest.shift_ok), rest, rest.shift, last))

@@ -3,9 +3,9 @@ codegen.vecisa), on every CPU target this machine runs (AVX-512, AVX2, SSE2, gen
 extensions; ``TCDSL_CPU``): the kernels that take the vector form give the same bits as the
 scalar code where the target has FMA (within the term-scaled bound where it has not), against
 numpy, with the tile starting at zero or loaded from the target, rows of whole vectors or ending
-in an overlapping vector, tiles cut short across their rows in vector tiles of fewer rows, other
-partial tiles on the scalar path beside whole ones, and the scalar
-fallback (-DTC_VEC=0) still right."""
+in an overlapping vector, tiles cut short across their rows in vector tiles of fewer rows or
+along their rows in vector tiles of fewer columns, other partial tiles on the scalar path beside
+whole ones, and the scalar fallback (-DTC_VEC=0) still right."""
 
 from __future__ import annotations
 
@@ -1186,6 +1186,23 @@ def test_half_vector_ends_a_row(dtype: str, K: int, target: cputarget.CpuTarget)
         assert f"{half}_store(&t2[" in src and f"{half}_lo(b" in src
         assert f"one of {lanes // 2} per row" in src
         assert (f"{half} a" in src and f"= {half}_load(&t2[" in src) == (K == 300), src
+    _check_matmul_t(k, A, B)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("K", [300, 40])  # the reduction in tiles (the target loaded) or whole (from zero)
+def test_a_row_cut_short_takes_a_vector_tile_of_its_own(dtype: str, K: int, target: cputarget.CpuTarget) -> None:
+    """Rows of 500 in tiles of whole vectors (AVX-512 float32: 7 x 64 + 52, float64: 15 x 32 + 20;
+    AVX2: 31 x 16 + 4, 62 x 8 + 4) end in a vector tile of the columns left, the only other size,
+    so the vector code has no scalar tile beside it: the scalar code's bits, close to numpy."""
+    k, A, B = _matmul_t(dtype, K, 500, 17)
+    src = _kernel_text(k.source(A, B))
+    passes = str(k.lowered(A, B).passes[-1][1])
+    assert "whole when" in passes or target.isa not in ("avx512", "avx2"), passes  # a tile cut short
+    if "whole when" in passes:
+        assert "// the row's last" in src and "no other size" in passes, passes
+        vector = src.split("#if TC_VEC", 1)[1].split("#else", 1)[0]
+        assert "acc[" not in vector
     _check_matmul_t(k, A, B)
 
 
