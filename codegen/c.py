@@ -654,12 +654,9 @@ class _Emitter(Facts):
     def _register_tile_body(self, rt: LTile) -> None:
         st = self.scop.stmt(rt.call.stmt)
         s = self.scop.tc_statement(st.name)
-        t = self.tensors[s.tensor]
-        ctype = CTYPE[t.dtype]
         args = dict(zip(st.indices, rt.call.args))
         outer = {name: f"({_top(self._lexpr(args[name]))})" for name in s.lhs}
         target = self._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), outer)
-        acc = "acc" + "".join(f"[{f.var} - {_top(self._lexpr(f.init))}]" for f in rt.inner)
         w = self.w
         w.line(f"{{  // statement {s.number}: a {'x'.join(map(str, rt.extents))} register tile of {s.tensor} "
                f"across {rt.loop.var}")
@@ -681,6 +678,10 @@ class _Emitter(Facts):
                     with w.indent():
                         vectile.emit(self, case, rt.identity, shift, first)
                     head = "} else if"
+                for test, cut, note in [] if vt.covers else vectile.scalar_cases(vt):
+                    w.line(f"}} else if ({' && '.join(_top(self._lexpr(x)) for x in test)}) {{{note}")
+                    with w.indent():
+                        self._scalar_tile(cut, target, first, inside)
                 if vt.covers:  # the scalar tile only where the target's vectors are missing
                     w.line("}")
                     w.line("#else")
@@ -693,24 +694,7 @@ class _Emitter(Facts):
                 w.line("#if TC_VEC")
                 vectile.emit(self, vt, rt.identity, first_chunk=first)
                 w.line("#else")
-            w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
-            start = _literal(T.identity(s.op, t.dtype), ctype)
-            if rt.identity:  # the tile runs the whole reduction: no load, no init nest
-                self._tile_loops(rt, f"{acc} = {start};")
-            elif first is not None:  # its first chunk starts from the identity (no init nest)
-                self._tile_loops(rt, f"{acc} = ({first}) ? {start} : {target};")
-            else:
-                self._tile_loops(rt, f"{acc} = {target};")
-            serial = [f for f in rt.serial if f is not inside]
-            for loop in serial:
-                w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
-                       f"{loop.var} += {loop.step}) {{")
-                w.push()
-            self._tile_loops(rt, None, acc, inside)
-            for _ in serial:
-                w.pop()
-                w.line("}")
-            self._tile_loops(rt, f"{target} = {acc};")
+            self._scalar_tile(rt, target, first, inside)
             if vt is not None and vt.full:
                 w.pop()
                 w.line("}")
@@ -719,6 +703,32 @@ class _Emitter(Facts):
             elif vt is not None:
                 w.line("#endif")
         w.line("}")
+
+    def _scalar_tile(self, rt: LTile, target: str, first: str | None, inside: LFor | None) -> None:
+        """``rt`` in the scalar array ``acc``: loaded (or started from the identity), updated across
+        the serial loops, stored to ``target``."""
+        w = self.w
+        s = self.scop.tc_statement(self.scop.stmt(rt.call.stmt).name)
+        ctype = CTYPE[self.tensors[s.tensor].dtype]
+        acc = "acc" + "".join(f"[{f.var} - {_top(self._lexpr(f.init))}]" for f in rt.inner)
+        w.line(f"{ctype} acc{''.join(f'[{e}]' for e in rt.extents)};")
+        start = _literal(T.identity(s.op, self.tensors[s.tensor].dtype), ctype)
+        if rt.identity:  # the tile runs the whole reduction: no load, no init nest
+            self._tile_loops(rt, f"{acc} = {start};")
+        elif first is not None:  # its first chunk starts from the identity (no init nest)
+            self._tile_loops(rt, f"{acc} = ({first}) ? {start} : {target};")
+        else:
+            self._tile_loops(rt, f"{acc} = {target};")
+        serial = [f for f in rt.serial if f is not inside]
+        for loop in serial:
+            w.line(f"for (long {loop.var} = {_top(self._lexpr(loop.init))}; {_top(self._lexpr(loop.cond))}; "
+                   f"{loop.var} += {loop.step}) {{")
+            w.push()
+        self._tile_loops(rt, None, acc, inside)
+        for _ in serial:
+            w.pop()
+            w.line("}")
+        self._tile_loops(rt, f"{target} = {acc};")
 
     def _tile_loops(self, rt: LTile, copy: str | None, acc: str = "",
                     inside: LFor | None = None) -> None:

@@ -20,8 +20,10 @@ of 1024 rows), the last tile takes a vector tile of its own with the rows left (
 size the loops around it give (at most REST_SIZES). So does a tile whose row alone is cut short,
 where a shifted tile cannot serve: 6x64 tiles of 500 columns end in a 6x52 vector tile (the
 weight gradient of a 96x500 -> 900 layer, AVX-512, 2 threads, 60 paired calls: 0.58 -> 0.41 ms,
-0.64 -> 0.90 of the FMA peak, the same bits). Other partial tiles, and rows cut shorter than a
-half vector, take the scalar tile. Lanes and the accumulator budget come from the ``CpuTarget``.
+0.64 -> 0.90 of the FMA peak, the same bits), and where both are cut short, the corner too. A
+size with no vector form (2 columns left, fewer than a half vector) takes the scalar tile cut to
+that size, its bounds constants; other partial tiles take the general scalar tile. Lanes and the
+accumulator budget come from the ``CpuTarget``.
 
 A row that is not a whole number of vectors ends with a vector overlapping the one before it (a
 54-wide row in 16 lanes: 0, 16, 32, 38): the overlapped elements are computed twice, from the
@@ -127,6 +129,10 @@ class VectorTile:
     # a tile cut short across the rows (the last 4 of 64 channels in 6-channel tiles), or along its
     # row (the last 52 of 500 columns): the test that it has that size, and the tile of it in vectors
     rests: tuple[tuple[LExpr, VectorTile], ...] = ()
+    # sizes of a partial tile loop that have no vector tile (fewer columns left than a half
+    # vector): the test, and the tile of that size, which takes the scalar tile with constant
+    # bounds (see _rests)
+    scalar_rests: tuple[tuple[LExpr, LTile], ...] = ()
     rolled: tuple[str, ...] = ()  # short serial loops printed as loops, not peeled (see _rolled)
     narrow: bool = False  # every vector a half vector: the row is shorter than a whole one
     # reads along a sliding window of the loop around the tile (a conv's input rows ``h + kh`` along
@@ -169,15 +175,18 @@ class VectorTile:
             text += f", {', '.join(self.rolled)} not unrolled"
         for cond, rest in self.rests:
             text += f"; when {expr_text(cond)}, {'x'.join(map(str, rest.rt.extents))}: {rest}"
+        for cond, cut in self.scalar_rests:
+            text += f"; when {expr_text(cond)}, {'x'.join(map(str, cut.extents))}: scalar"
         if self.covers:
             text += "; no other size"
         return text
 
 
 def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
-         loops: tuple[LFor, ...] = ()) -> VectorTile | None:
+         loops: tuple[LFor, ...] = (), rests: bool = True) -> VectorTile | None:
     """The vector form of ``rt``, or None where the tile does not have one; ``omp_vars``: the
-    `omp parallel for` loops around it, ``loops``: every loop around it, outermost first."""
+    `omp parallel for` loops around it, ``loops``: every loop around it, outermost first;
+    ``rests``: with the vector tiles of its partial loops cut short (see _rests)."""
     st = em.scop.stmt(rt.call.stmt)
     s = em.scop.tc_statement(rt.call.stmt)
     dtype = em.tensors[s.tensor].dtype
@@ -240,11 +249,12 @@ def plan(em: Facts, rt: LTile, omp_vars: frozenset[str] = frozenset(),
     shifted, shift_ok = shift or (None, None)
     if shift_ok is not None and len(full) > 1:  # the other tile loops whole
         shift_ok = LOp("&&", (*full[:-1], shift_ok))
-    rests, every = _rests(em, rt, omp_vars, loops)
-    covers = every and len(full) == 1 and shift is None and all(not r.full and r.shift is None for _, r in rests)
+    vector_rests, scalar_rests, every = _rests(em, rt, omp_vars, loops) if rests else ((), (), False)
+    covers = every and len(full) == 1 and shift is None and \
+        all(not r.full and r.shift is None for _, r in vector_rests)
     across = _across(em, rt, s, args) if stride != 1 else None
-    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half, rests,
-                      _rolled(em, rt, s, row), narrow, _ahead(em, rt, s, loops), covers, across)
+    return VectorTile(rt, s, row, starts, lanes, tuple(full), shifted, shift_ok, stride, half, vector_rests,
+                      scalar_rests, _rolled(em, rt, s, row), narrow, _ahead(em, rt, s, loops), covers, across)
 
 
 def _across(em: Facts, rt: LTile, s: Statement, args: dict[str, LExpr]) -> int | None:
@@ -315,50 +325,81 @@ def _rolled(em: Facts, rt: LTile, s: Statement, row: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-REST_SIZES = 2  # the most sizes of a tile cut short across its rows that take a vector tile each
+REST_SIZES = 2  # the most sizes of a tile loop cut short that take a vector tile each
 
 
-def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str],
-           loops: tuple[LFor, ...]) -> tuple[tuple[tuple[LExpr, VectorTile], ...], bool]:
-    """The vector tiles of ``rt`` cut short along its one partial row loop (else along the row
-    itself, its vector loop), one per size the loops around it give that loop (at most
-    REST_SIZES): the last 4 of 64 output channels in tiles of 6 take a 4-row vector tile, not the
-    scalar tile (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against 39 ms; in scalars, a tenth of the
-    channels took most of the time), and the last 52 of 500 columns in 64-wide tiles a 6x52 tile
-    (see the module's docstring). And whether every size the loops give is the whole tile's or one
-    of these (enumerated from the loops' bounds: a superset of the sizes a run meets)."""
-    partial = [i for i, f in enumerate(rt.inner[:-1]) if trip_count(f) is None]
-    if not partial and trip_count(rt.inner[-1]) is None:
-        partial = [len(rt.inner) - 1]  # the row itself cut short: the last 52 of 500 columns in 64-wide tiles
-    if len(partial) != 1:
-        return (), False
-    i = partial[0]
-    f = rt.inner[i]
+def _rests(em: Facts, rt: LTile, omp_vars: frozenset[str], loops: tuple[LFor, ...]) \
+        -> tuple[tuple[tuple[LExpr, VectorTile], ...], tuple[tuple[LExpr, LTile], ...], bool]:
+    """The vector tiles of ``rt`` cut short along its one partial row loop, along the row itself
+    (its vector loop), or both, one per size the loops around it give each (at most REST_SIZES):
+    the last 4 of 64 output channels in tiles of 6 take a 4-row vector tile, not the scalar tile
+    (AVX2 conv2d 8x64x56x56, 6x2 rows: 13.9 against 39 ms; in scalars, a tenth of the channels
+    took most of the time), the last 52 of 500 columns in 64-wide tiles a 6x52 tile (see the
+    module's docstring), and the last 4 of 100 rows of those columns a 4x52 tile (the rows' tiles,
+    cut short along their row in turn). And whether every size the loops give is the whole tile's
+    or one of these (enumerated from the loops' bounds: a superset of the sizes a run meets); with
+    both cut short, the scalar tile stays for sizes past the enumerated ones.
+
+    A size without a vector tile (4 columns left of 900 in 64-wide tiles, fewer than AVX-512's
+    half vector) takes the scalar tile cut to it, its bounds constants, which GCC vectorises
+    whole: 96x300 -> 900 weight gradient, AVX-512, 2 threads, 100 paired calls, 0.264 -> 0.241 ms
+    (the 4 columns had cost as much as 48 others; 896 columns took 0.250 ms)."""
+    last = len(rt.inner) - 1
+    partial = [i for i, f in enumerate(rt.inner) if trip_count(f) is None]
+    if not 0 < len(partial) <= 2 or (len(partial) == 2 and partial[1] != last):
+        return (), (), False
+    out = []
+    scalar = []
+    every = len(partial) == 1
+    for i in partial:
+        f = rt.inner[i]
+        cond = f.cond
+        cuts = _cut_sizes(f, rt.extents[i], loops)
+        if cuts is None:
+            every = False
+            continue
+        sizes, nonempty = cuts
+        every = every and nonempty
+        assert isinstance(cond, LOp) and isinstance(f.init, LInt)  # (_cut_sizes)
+        shift = 1 if cond.op == "<=" else 0
+        for k in sizes:
+            cut = replace(f, cond=LOp(cond.op, (LVar(f.var), LInt(f.init.value + k - shift))))
+            sub = replace(rt, inner=(*rt.inner[:i], cut, *rt.inner[i + 1:]),
+                          extents=(*rt.extents[:i], k, *rt.extents[i + 1:]))
+            # rows cut short whose row is cut short too take their own tiles of both (the
+            # sub-tile's rests); the row cut short under whole rows is the last case
+            vt = plan(em, sub, omp_vars, loops, rests=i != last or len(partial) == 1)
+            test = LOp("==", (cond.args[1], LInt(f.init.value + k - shift)))
+            if vt is not None:
+                out.append((test, vt))
+            else:
+                every = False
+                if i == last or len(partial) == 1:
+                    scalar.append((test, replace(sub, split=0, vector=None, vector_text="")))
+    return tuple(out), tuple(scalar), every
+
+
+def _cut_sizes(f: LFor, extent: int, loops: tuple[LFor, ...]) -> tuple[list[int], bool] | None:
+    """The sizes short of ``extent`` that the loops around give the partial tile loop ``f``
+    (enumerated from their bounds: a superset of the sizes a run meets), largest first, and
+    whether none of the sizes is empty; None where they cannot be enumerated or are more than
+    REST_SIZES."""
     cond = f.cond
     if not (isinstance(cond, LOp) and cond.op in ("<", "<=") and len(cond.args) == 2 and isinstance(f.init, LInt)):
-        return (), False
+        return None
     bound = cond.args[1]
     envs = loop_values(loops, expr_vars(bound))
     if envs is None:
-        return (), False
-    last = {expr_value(bound, env) for env in envs}
-    if None in last:
-        return (), False
+        return None
+    values = {expr_value(bound, env) for env in envs}
+    if None in values:
+        return None
     shift = 1 if cond.op == "<=" else 0
-    met = {v + shift - f.init.value for v in last if v is not None}
-    sizes = sorted(met & set(range(1, rt.extents[i])), reverse=True)
+    met = {v + shift - f.init.value for v in values if v is not None}
+    sizes = sorted(met & set(range(1, extent)), reverse=True)
     if not 0 < len(sizes) <= REST_SIZES:
-        return (), False
-    out = []
-    for k in sizes:
-        cut = replace(f, cond=LOp(cond.op, (LVar(f.var), LInt(f.init.value + k - shift))))
-        sub = replace(rt, inner=(*rt.inner[:i], cut, *rt.inner[i + 1:]),
-                      extents=(*rt.extents[:i], k, *rt.extents[i + 1:]))
-        vt = plan(em, sub, omp_vars, loops)
-        if vt is not None:
-            out.append((LOp("==", (bound, LInt(f.init.value + k - shift))), vt))
-    every = len(out) == len(sizes) and all(k >= 1 for k in met)
-    return tuple(out), every
+        return None
+    return sizes, all(k >= 1 for k in met)
 
 
 def _half_expr(e: TExpr) -> bool:
@@ -763,13 +804,31 @@ def cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], VectorTile, LExpr | N
         out.append(((vt.shift_ok,), vt, vt.shift, f"  // the row's last {vt.rt.extents[-1]}"))
     for test, rest in vt.rests:
         rows = "x".join(map(str, rest.rt.extents[:-1]))
+        last = f"the row's last {rest.rt.extents[-1]}"
         cut = rest.rt.extents[-1] != vt.rt.extents[-1]  # the row cut short, not the rows
-        out.append(((test, *rest.full), rest, None,
-                    f"  // the row's last {rest.rt.extents[-1]}" if cut else f"  // {rows} rows"))
+        out.append(((test, *rest.full), rest, None, f"  // {last}" if cut else f"  // {rows} rows"))
         if rest.shift is not None and rest.shift_ok is not None:
-            last = f"  // {rows} rows, the row's last {rest.rt.extents[-1]}"
-            out.append(((test, rest.shift_ok), rest, rest.shift, last))
+            out.append(((test, rest.shift_ok), rest, rest.shift, f"  // {rows} rows, {last}"))
+        for test2, both in rest.rests:  # rows cut short whose row is cut short too
+            out.append(((test, test2, *both.full), both, None,
+                        f"  // {'x'.join(map(str, both.rt.extents[:-1]))} rows, the row's last {both.rt.extents[-1]}"))
     return out
+
+
+def scalar_cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], LTile, str]]:
+    """The sizes of a tile with partial loops that take the scalar tile with constant bounds
+    (``VectorTile.scalar_rests``, those of its tiles of fewer rows first), tested after ``cases``:
+    (the tests, the tile cut to that size, a comment)."""
+    def note(cut: LTile) -> str:
+        rows = "x".join(map(str, cut.extents[:-1]))
+        if cut.extents[-1] == vt.rt.extents[-1]:
+            return f"  // {rows} rows, in scalars"
+        if cut.extents[:-1] == vt.rt.extents[:-1]:
+            return f"  // the row's last {cut.extents[-1]}, in scalars"
+        return f"  // {rows} rows, the row's last {cut.extents[-1]}, in scalars"
+
+    out = [((test, test2), cut, note(cut)) for test, rest in vt.rests for test2, cut in rest.scalar_rests]
+    return out + [((test,), cut, note(cut)) for test, cut in vt.scalar_rests]
 
 
 def _init(f: LFor) -> int:

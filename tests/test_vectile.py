@@ -1206,6 +1206,39 @@ def test_a_row_cut_short_takes_a_vector_tile_of_its_own(dtype: str, K: int, targ
     _check_matmul_t(k, A, B)
 
 
+@pytest.mark.parametrize("K", [300, 40])
+def test_a_row_cut_shorter_than_a_half_vector_takes_the_scalar_tile_at_its_size(
+        K: int, target: cputarget.CpuTarget) -> None:
+    """Rows of 898 in tiles of whole vectors (AVX-512: 14 x 64 + 2; AVX2: 56 x 16 + 2) leave 2
+    columns, too few for a half vector: they take the scalar tile with constant bounds
+    (``acc[6][2]``), tested before the general one: the scalar code's bits, close to numpy."""
+    k, A, B = _matmul_t("float32", K, 898, 19)
+    src = _kernel_text(k.source(A, B))
+    passes = str(k.lowered(A, B).passes[-1][1])
+    if target.isa in ("avx512", "avx2"):
+        assert "6x2: scalar" in passes, passes
+        assert "// the row's last 2, in scalars" in src and "float acc[6][2];" in src
+    _check_matmul_t(k, A, B)
+
+
+@pytest.mark.parametrize("K", [300, 40])
+def test_tiles_cut_short_across_and_along_their_rows_take_vector_tiles_of_both(
+        K: int, target: cputarget.CpuTarget) -> None:
+    """100 rows in tiles of 6 and rows of 500 in tiles of whole vectors: the last 4 rows, the last
+    columns (AVX-512: 52 of 64; AVX2: 4 of 16) and both at once each take a vector tile: the scalar
+    code's bits, close to numpy."""
+    rng = np.random.default_rng(23)
+    A = (rng.random((100, K)) * 2 - 1).astype(np.float32)
+    B = (rng.random((K, 500)) * 2 - 1).astype(np.float32)
+    k = tc.define(MATMUL_T.format(t="float"))
+    src = _kernel_text(k.source(A, B))
+    if target.isa in ("avx512", "avx2"):
+        last = {"avx512": 52, "avx2": 4}[target.isa]
+        for note in ("// 4 rows", f"// the row's last {last}", f"// 4 rows, the row's last {last}"):
+            assert note + "\n" in src, note
+    _check_matmul_t(k, A, B)
+
+
 def _matmul_t(dtype: str, K: int, N: int, seed: int) -> tuple[tc.Kernel, np.ndarray, np.ndarray]:
     """MATMUL_T in ``dtype`` and its inputs: 24 x K and K x N, uniform in [-1, 1)."""
     rng = np.random.default_rng(seed)
