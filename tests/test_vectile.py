@@ -4,8 +4,9 @@ extensions; ``TCDSL_CPU``): the kernels that take the vector form give the same 
 scalar code where the target has FMA (within the term-scaled bound where it has not), against
 numpy, with the tile starting at zero or loaded from the target, rows of whole vectors or ending
 in an overlapping vector, tiles cut short across their rows in vector tiles of fewer rows or
-along their rows in vector tiles of fewer columns, other partial tiles on the scalar path beside
-whole ones, and the scalar fallback (-DTC_VEC=0) still right."""
+along their rows in vector tiles of fewer columns (columns too few for a vector in the scalar tile
+with constant bounds), other partial tiles on the scalar path beside whole ones, and the scalar
+fallback (-DTC_VEC=0) still right."""
 
 from __future__ import annotations
 
