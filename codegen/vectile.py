@@ -803,15 +803,13 @@ def cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], VectorTile, LExpr | N
     if vt.shift is not None and vt.shift_ok is not None:
         out.append(((vt.shift_ok,), vt, vt.shift, f"  // the row's last {vt.rt.extents[-1]}"))
     for test, rest in vt.rests:
-        rows = "x".join(map(str, rest.rt.extents[:-1]))
-        last = f"the row's last {rest.rt.extents[-1]}"
-        cut = rest.rt.extents[-1] != vt.rt.extents[-1]  # the row cut short, not the rows
-        out.append(((test, *rest.full), rest, None, f"  // {last}" if cut else f"  // {rows} rows"))
+        out.append(((test, *rest.full), rest, None, _cut_note(vt.rt, rest.rt)))
         if rest.shift is not None and rest.shift_ok is not None:
-            out.append(((test, rest.shift_ok), rest, rest.shift, f"  // {rows} rows, {last}"))
+            rows = "x".join(map(str, rest.rt.extents[:-1]))
+            last = f"  // {rows} rows, the row's last {rest.rt.extents[-1]}"
+            out.append(((test, rest.shift_ok), rest, rest.shift, last))
         for test2, both in rest.rests:  # rows cut short whose row is cut short too
-            out.append(((test, test2, *both.full), both, None,
-                        f"  // {'x'.join(map(str, both.rt.extents[:-1]))} rows, the row's last {both.rt.extents[-1]}"))
+            out.append(((test, test2, *both.full), both, None, _cut_note(vt.rt, both.rt)))
     return out
 
 
@@ -819,16 +817,19 @@ def scalar_cases(vt: VectorTile) -> list[tuple[tuple[LExpr, ...], LTile, str]]:
     """The sizes of a tile with partial loops that take the scalar tile with constant bounds
     (``VectorTile.scalar_rests``, those of its tiles of fewer rows first), tested after ``cases``:
     (the tests, the tile cut to that size, a comment)."""
-    def note(cut: LTile) -> str:
-        rows = "x".join(map(str, cut.extents[:-1]))
-        if cut.extents[-1] == vt.rt.extents[-1]:
-            return f"  // {rows} rows, in scalars"
-        if cut.extents[:-1] == vt.rt.extents[:-1]:
-            return f"  // the row's last {cut.extents[-1]}, in scalars"
-        return f"  // {rows} rows, the row's last {cut.extents[-1]}, in scalars"
+    out = [((test, test2), cut, _cut_note(vt.rt, cut) + ", in scalars")
+           for test, rest in vt.rests for test2, cut in rest.scalar_rests]
+    return out + [((test,), cut, _cut_note(vt.rt, cut) + ", in scalars") for test, cut in vt.scalar_rests]
 
-    out = [((test, test2), cut, note(cut)) for test, rest in vt.rests for test2, cut in rest.scalar_rests]
-    return out + [((test,), cut, note(cut)) for test, cut in vt.scalar_rests]
+
+def _cut_note(whole: LTile, cut: LTile) -> str:
+    """The comment on the case of ``whole`` cut short to ``cut``: across its rows, along its row, or both."""
+    rows = "x".join(map(str, cut.extents[:-1]))
+    if cut.extents[-1] == whole.extents[-1]:
+        return f"  // {rows} rows"
+    if cut.extents[:-1] == whole.extents[:-1]:
+        return f"  // the row's last {cut.extents[-1]}"
+    return f"  // {rows} rows, the row's last {cut.extents[-1]}"
 
 
 def _init(f: LFor) -> int:
