@@ -7,6 +7,7 @@ and the OpenMP marks. Every test that compiles is marked ``cpu`` (skipped withou
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import re
@@ -969,7 +970,8 @@ def test_matmul_outer_loop_is_omp_parallel_and_inner_loop_simd():
     ck = k.compiled(A, B)
     body = _body_lines(ck.low.source.text)
     first_for = next(i for i, line in enumerate(body) if line.startswith("for ("))
-    assert first_for > 0 and body[first_for - 1].startswith("#pragma omp parallel for"), body[:first_for + 1]
+    assert first_for > 2 and body[first_for - 1].startswith("#pragma omp for"), body[:first_for + 1]
+    assert body[first_for - 4:first_for - 1] == ["#pragma omp parallel", "{", "tc_spread(tc_mc);"], body[:first_for]
     assert "#pragma omp simd" in body
     loops = [n for n in walk(ck.low.ir.body) if isinstance(n, LFor)]
     assert loops[0].omp and loops[0].parallel
@@ -1185,13 +1187,78 @@ def test_parallel_loops_hand_out_chunks_for_any_thread_count(threads: int):
     k = tc.define(FC_EPILOGUE)
     I, W, bias = f32((100, 33)), f32((33, 1000), 1), f32((1000,), 2)
     src = k.source(I, W, bias)
-    assert re.search(r"#pragma omp parallel for schedule\(dynamic, tc_chunk\(\d+L, (8|32)\)\)", src), src
+    assert re.search(r"#pragma omp for schedule\(dynamic, tc_chunk\(\d+L, (8|32)\)\)", src), src
     try:
         gomp.omp_set_num_threads(threads)
         got = k(I, W, bias, backend="c")
     finally:
         gomp.omp_set_num_threads(before)
     assert_sum_close(got, _fc, I, W, bias, terms=34)
+
+
+SPREAD_CHILD = """
+import json, os, sys
+import numpy as np
+import tcdsl as tc
+
+def masks():
+    out = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            out[int(t)] = sorted(os.sched_getaffinity(int(t)))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return out
+
+k = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+A = np.random.default_rng(0).standard_normal((200, 150)).astype(np.float32)
+B = np.random.default_rng(1).standard_normal((150, 190)).astype(np.float32)
+me, cores = os.getpid(), sorted(os.sched_getaffinity(0))
+outs = [k(A, B)]  # the team of threads exists from here on
+before = masks()
+for pinned in (False, True):
+    for _ in range(5):
+        for t in before:  # every thread onto the first core; the team's threads free to leave it or not
+            os.sched_setaffinity(t, {cores[0]})
+        for t in before:
+            if t != me and not pinned:
+                os.sched_setaffinity(t, cores)
+        outs.append(k(A, B))
+        os.sched_setaffinity(me, cores)
+        if not pinned:
+            after = masks()
+    for t in before:
+        os.sched_setaffinity(t, cores)
+np.save(sys.argv[1], np.stack(outs))
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="Linux with two cores or more")
+def test_threads_woken_on_the_callers_core_compute_the_same_and_keep_their_affinity(tmp_path: Path):
+    """Every parallel region starts with ``tc_spread``: a thread of the team that finds itself on the
+    core of the thread that started the region moves off it, and gets its affinity back as it was.
+    With every thread put on one core before each call (free to leave it, then pinned to it), the
+    results are numpy's, and no thread's affinity has changed."""
+    k = tc.define(MATMUL)
+    A, B = f32((200, 150)), f32((150, 190), 1)
+    src = k.source(A, B)
+    assert src.count("tc_spread(tc_mc);") == src.count("#pragma omp parallel\n") >= 1, src
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    p = subprocess.run([sys.executable, "-c", SPREAD_CHILD, str(tmp_path / "outs.npy")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["after"] == {t: m for t, m in got["before"].items() if t in got["after"]}, got
+    A, B = np.random.default_rng(0).standard_normal((200, 150)).astype(np.float32), \
+        np.random.default_rng(1).standard_normal((150, 190)).astype(np.float32)
+    outs = np.load(tmp_path / "outs.npy")
+    assert outs.shape == (11, 200, 190)
+    for o in outs:
+        assert_sum_close(o, np.matmul, A, B, terms=150)
+    assert (outs == outs[0]).all()  # the same sums, whichever thread ran which tiles
 
 
 # ---- operand layout (tcdsl.layout) ------------------------------------------------------------------
