@@ -169,6 +169,7 @@ static inline void tc_spread(int core) { (void)core; }
 # 8x64x56x56 packed its input (6 MB) for each of its eight boundary pieces (2 threads: 94 -> 86 ms).
 # A small one (a conv's weights) stays serial.
 PARALLEL_PACK_BYTES = 1 << 18
+PANEL_ROWS = 64  # steps of a transposed pack's panels copied as one block (LPack.source)
 
 # A kernel with vector register tiles is compiled without GCC's predictive commoning: the tiles
 # already load each input vector once per step, and GCC, carrying the rows a conv tile shares
@@ -294,7 +295,7 @@ class _Emitter(Facts):
         self.vector_code = self.vectorize and uses_exp and _simd_letter(self.target) is not None and \
             not vectile.libmvec_exp(self)
         w.raw(vector_exp(self.target) if self.vector_code else "#define TC_EXPF expf\n")
-        if any(isinstance(n, LTranspose) for n in walk(ir.body)):
+        if any(isinstance(n, LTranspose) or (isinstance(n, LPack) and n.source) for n in walk(ir.body)):
             w.raw(transpose.HELPER)
         library = w.mark()  # the tcdsl.codegen.mathlib functions the kernel calls go here
         for name in self.order:
@@ -473,6 +474,14 @@ class _Emitter(Facts):
             w.line("#else")
             w.line(f"{ctype} *restrict {buf} = {p.buffer};")
             w.line("#endif")
+        if p.source:  # the panels straight from the tensor a transpose would have copied (codegen.lower)
+            self._transposed_panels(p, buf)
+            self.pack_of[tile.call] = (id(r), f"{buf}[{base} + ")
+            self._body(p.body)
+            del self.pack_of[tile.call]
+            w.pop()
+            w.line("}")
+            return
         if p.parallel:  # the whole operand: the threads copy its blocks
             collapse = f" collapse({len(p.chunks)})" if len(p.chunks) > 1 else ""
             self._region_open(f"schedule(static){collapse}")
@@ -516,6 +525,32 @@ class _Emitter(Facts):
         del self.pack_of[tile.call]
         w.pop()
         w.line("}")
+
+    def _transposed_panels(self, p: LPack, buf: str) -> None:
+        """``p``'s panels copied from ``p.source`` (``LPack.source``): panel ``q`` is the transpose of
+        ``p.width`` rows of the source, from row ``q * p.width``, its ``p.depth`` steps in blocks of
+        PANEL_ROWS shared among the threads (codegen.transpose's ``tc_transpose_rect``)."""
+        w = self.w
+        src, ld, n = self.var[p.source], p.source_stride, PANEL_ROWS
+        w.line(f"// each panel the transpose of {p.width} rows of {p.source}, {ld} elements apart")
+        if p.parallel or p.panels * p.depth * p.width * self._itemsize(p.source) >= PARALLEL_PACK_BYTES:
+            self._region_open("schedule(static)")
+            close = True
+        else:
+            w.line("{")
+            w.push()
+            close = False
+        w.line(f"for (long tc_s = 0; tc_s < {p.depth}; tc_s += {n}) {{")
+        w.line(f"  for (long tc_q = 0; tc_q < {p.panels}; tc_q++)")
+        w.line(f"    tc_transpose_rect(&{src}[tc_q * {p.width * ld}L + tc_s], {ld}L, "
+               f"&{buf}[(tc_q * {p.depth}L + tc_s) * {p.width}], {p.width}L, tc_lmin({n}L, {p.depth}L - tc_s), "
+               f"{p.width}L, 0);")
+        w.line("}")
+        if close:
+            self._region_close()
+        else:
+            w.pop()
+            w.line("}")
 
     def _reset(self, r: LReset) -> None:
         size = memshare.elements(self.shapes[r.tensor])

@@ -13,7 +13,8 @@ and the C emitter (codegen.c) only prints what the IR says.
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
     quotient    pointwise loops that read at ``v / d`` run over the quotient, the ``d`` remainders written out
-    pack        the operand a vector tile loads along its rows copied into contiguous panels
+    pack        the operand a vector tile loads along its rows copied into contiguous panels (from the
+                tensor a transpose copied it from, where nothing else reads the transposed copy)
     fuse        nests of one statement's pieces that share their outer parallel loops run them once
     siblings    independent nests that run the same outer loops and read a tensor in common run them once
     split       compiler-vectorised tile loops cut into whole vectors and the rest
@@ -33,7 +34,7 @@ from dataclasses import replace
 
 from tcdsl.core import dtypes as T
 from tcdsl.core.affine import FloorDiv, Sym, Var
-from tcdsl.core.checked import Statement, read_tuple, reads
+from tcdsl.core.checked import Read, Statement, read_tuple, reads
 from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.loopir import (
     LAccum,
@@ -56,9 +57,11 @@ from tcdsl.polyhedral.loopir import (
     expr_value,
     expr_vars,
     loop_values,
+    sum_terms,
     trip_bound,
     trip_count,
     walk,
+    walk_paths,
 )
 from tcdsl.polyhedral.scatter import value_indices
 from tcdsl.polyhedral.scop import Scop
@@ -491,7 +494,108 @@ def pack_panels(ir: LoopIR, f: Facts) -> LoopIR:
             return None
         return replace(pack, body=(replace(n, body=rewrite(n.body, visit)),))
 
-    return replace(ir, body=rewrite(ir.body, visit))
+    return _fold_transposes(replace(ir, body=rewrite(ir.body, visit)), f)
+
+
+def _fold_transposes(ir: LoopIR, f: Facts) -> LoopIR:
+    """A pack of the whole operand, made once before the parallel loops, whose operand is a
+    temporary that a blocked transpose wrote from another tensor and that nothing else reads (the
+    row operand of ``T(x, y) +=! A(x, r) * B(y, r)`` laid out by tcdsl.layout: ``At(r, x) = A(x,
+    r)``) copies its panels from that tensor in blocks, each panel the transpose of ``width`` of
+    its rows, and the transpose goes: one pass over the operand instead of two. FC 128x1024 ->
+    1024 on AVX2, 2 threads, the kernel alone back to back: transpose 20 us and pack 36 us ->
+    25 us (1.33 -> 1.30 ms)."""
+    writers = {}
+    for n in ir.body:
+        t = _only_transpose(n)
+        if t is not None and _elements(n) == math.prod(f.shapes[t.source]):  # the whole tensor
+            writers[f.scop.tc_statement(f.scop.stmt(t.call.stmt).name).tensor] = t
+    if not writers:
+        return ir
+    folded: set[str] = set()  # the statements of the transposes folded into packs
+
+    def visit(n: LNode) -> LNode | None:
+        if not isinstance(n, LPack) or n.tensor not in writers:
+            return None
+        body = rewrite(n.body, visit)
+        t = writers[n.tensor]
+        if not _foldable(n, t, f):
+            return replace(n, body=body)
+        folded.add(t.call.stmt)
+        return replace(n, body=body, source=t.source, source_stride=t.source_stride)
+
+    body = rewrite(ir.body, visit)
+    def kept(x: LNode) -> bool:
+        t = _only_transpose(x)
+        return t is None or t.call.stmt not in folded
+
+    return replace(ir, body=tuple(x for x in body if kept(x)))
+
+
+def _elements(n: LNode) -> int | None:
+    """The elements the transpose nest ``n`` (``_only_transpose``) copies: its loops' trip counts
+    multiplied (None where one is not constant)."""
+    counts = []
+    while isinstance(n, LFor):
+        counts.append(trip_count(n))
+        n = n.body[0]
+    assert isinstance(n, LTranspose)
+    counts += [trip_count(n.outer), trip_count(n.inner)]
+    return None if any(c is None for c in counts) else math.prod(c for c in counts if c is not None)
+
+
+def _only_transpose(n: LNode) -> LTranspose | None:
+    """The blocked transpose that is all of the nest ``n`` (its loops hold nothing else), or None."""
+    while isinstance(n, LFor) and len(n.body) == 1:
+        n = n.body[0]
+    return n if isinstance(n, LTranspose) else None
+
+
+def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
+    """Whether pack ``p`` can copy its panels straight from the source of transpose ``t``: a shared
+    pack (no chunks, no box, one serial loop: the rows of the panels) of a 32-bit temporary of two
+    dims that no other statement reads and no other read of ``p``'s statement reads; the tile
+    reads it at (serial loop, panel loop + vector loop), every panel whole inside the source, and
+    the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of ``S`` (``_fold_transposes``)."""
+    temps = {x.name for x in f.c.temps}
+    if not p.shared or p.chunks or p.box or len(p.serial) != 1 or p.tensor not in temps or \
+            p.tensor not in f.in_memory or len(f.shapes[p.tensor]) != 2:
+        return False
+    readers = [(st.name, r) for st in f.scop.stmts if st.kind == "update"
+               for r in reads(f.scop.tc_statement(st.name).rhs) if r.tensor == p.tensor]
+    if len(readers) != 1 or readers[0][0] != p.stmt:
+        return False
+    tile, above = next(((x, up) for x, up in walk_paths(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
+                        and tuple(g.var for g in x.serial) == p.serial and p.call in (None, x.call)), (None, ()))
+    if tile is None:
+        return False
+    st = f.scop.stmt(p.stmt)
+    r = reads(f.scop.tc_statement(st.name).rhs)[p.read]
+    args = dict(zip(st.indices, tile.call.args))
+    panel = [x for x in reversed(above) if isinstance(x, LFor) and x.var == p.panel][:1]
+    serial, vec = tile.serial[0], tile.inner[-1]
+    subs = [x.indices() for x in r.subs if isinstance(x, Sym)]
+    if len(subs) != 2 or any(len(i) != 1 for i in subs) or any(Sym.var(next(iter(i)), "index") != x
+                                                               for i, x in zip(subs, r.subs)):
+        return False
+    (k,), (x,) = (tuple(i) for i in subs)
+    along = sorted(g.var for g in (*panel, vec))  # the column read: the panel's start plus the lane
+    terms = sum_terms(args[x]) if x in args else []
+    if args.get(k) != LVar(serial.var) or not all(isinstance(e, LVar) for e in terms) or \
+            sorted(e.name for e in terms if isinstance(e, LVar)) != along:
+        return False
+    firsts = [g.init for g in (serial, vec, *panel)]
+    if not all(isinstance(i, LInt) and i.value == 0 for i in firsts) or trip_count(serial) != p.depth or \
+            trip_count(vec) != p.width or (panel and (panel[0].step != p.width or trip_count(panel[0]) != p.panels)):
+        return False
+    rows, cols = f.shapes[p.tensor]
+    ts = f.scop.tc_statement(f.scop.stmt(t.call.stmt).name)
+    src = ts.rhs
+    assert isinstance(src, Read)  # (codegen.transpose: a copy)
+    plain = [Sym.var(i, "index") for i in ts.lhs]
+    return (T.bits(f.tensors[p.tensor].dtype) == 32 and p.depth <= rows and p.panels * p.width <= cols
+            and len(ts.lhs) == 2 and list(src.subs) == plain[::-1] and f.strides[src.tensor][1] == 1
+            and t.source_stride == f.strides[src.tensor][0] and f.shapes[src.tensor] == (cols, rows))
 
 
 PACK_MAX_BYTES = 256 << 10  # a packed block lives on the thread's stack

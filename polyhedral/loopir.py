@@ -220,6 +220,11 @@ class LPack(LNode):
     parallel: bool = False
     box: tuple[tuple[int, int], ...] = ()  # (first, count) per serial loop, where their bounds vary outside
     call: LCall | None = None  # the tile that reads the panels (its statement call; None: the first of ``stmt``)
+    # ``tensor`` is a temporary a blocked transpose wrote from ``source``, whose rows ``source_stride``
+    # elements apart are ``tensor``'s columns: the panels are copied from ``source`` in blocks, each
+    # panel the transpose of ``width`` of its rows, and the transpose is gone ("" for none)
+    source: str = ""
+    source_stride: int = 0
 
 
 @dataclass(frozen=True)
@@ -469,7 +474,8 @@ def _print(n: LNode, depth: int, out: list[str]) -> None:
         blocks = "".join(f"{c[3]} x " for c in n.chunks)
         out.append(f"{pad}// pack {n.tensor} (read {n.read} of {n.stmt}) into {n.buffer}: {blocks}{n.panels} panels x "
                    f"{n.depth} steps x {n.width}, across {across}" + (", once for every thread" if n.shared else "")
-                   + (", copied by all threads" if n.parallel else ""))
+                   + (", copied by all threads" if n.parallel else "")
+                   + (f", transposed from {n.source} (its transpose into {n.tensor} folded here)" if n.source else ""))
         for b in n.body:
             _print(b, depth, out)
     elif isinstance(n, LDecl):

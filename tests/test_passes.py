@@ -125,6 +125,44 @@ def test_packed_panels_compute_the_product(shape: tuple[int, int], dtype: str, m
     np.testing.assert_allclose(got, want, rtol=0, atol=bound)
 
 
+FC = """def fc(float(B,M) I, float(N,M) W, float(N) Bs) -> (O) {
+  O(b,n) +=! I(b,r_m) * W(n,r_m)
+  O(b,n) = fmax(O(b,n) + Bs(n), 0.0)
+}"""
+
+
+@pytest.mark.parametrize("shape", [(128, 1024, 1024), (64, 1024, 300), (96, 1024, 64)])  # (B, M, N)
+def test_a_transposed_operand_is_packed_straight_from_its_source(shape: tuple[int, int, int],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer's operand, laid out transposed for the product (tcdsl.layout) and then packed into
+    panels on AVX2, is packed from the operand itself, each panel a blocked transpose of its rows:
+    the transpose nest is gone from the IR, and the result has the bits of the kernel that
+    transposes and packs in two passes, within the product's rounding of numpy's."""
+    if "avx2" not in _runnable():
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    b, m, n = shape
+    rng = np.random.default_rng(3)
+    I, W, Bs = (rng.standard_normal(s).astype(np.float32) for s in ((b, m), (n, m), (n,)))
+    k = tc.define(FC)
+    text = str(k.lowered(I, W, Bs).passes[-1][1])
+    # the operand moved (I, or W where the product is written transposed) is packed from itself
+    assert re.search(r"// pack (I|W)_t \(read \d of S2\).*transposed from \1 \(its transpose into \1_t folded here\)",
+                     text), text
+    assert "transpose S1 in blocks" not in text  # X_t(r_m, x) = X(x, r_m): copied by the pack alone
+    got = k(I, W, Bs)
+    monkeypatch.setattr(lower, "_foldable", lambda *a: False)
+    two_passes = tc.define(FC)
+    assert "transpose S1 in blocks" in str(two_passes.lowered(I, W, Bs).passes[-1][1])
+    np.testing.assert_array_equal(got, two_passes(I, W, Bs))
+    want = np.maximum(I.astype(np.float64) @ W.T.astype(np.float64) + Bs, 0)
+    bound = 4 * (m + 1) * np.finfo(np.float32).eps * np.abs(I).max() * np.abs(W).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+    # the input as a transposed view (its rows not contiguous): the pack copies what it reads
+    It = np.ascontiguousarray(I.T).T
+    np.testing.assert_allclose(k(It, W, Bs), want, rtol=0, atol=bound)
+
+
 @pytest.mark.parametrize("target,columns,packed", [("avx2", 1024, True), ("avx2", 1088, True), ("avx2", 1040, False),
                                                    ("avx2", 1000, False), ("avx512", 1024, False)])
 def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, packed: bool) -> None:
