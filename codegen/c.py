@@ -531,9 +531,9 @@ class _Emitter(Facts):
         ``p.width`` rows of the source, from row ``q * p.width``, its ``p.depth`` steps in blocks of
         PANEL_ROWS shared among the threads (codegen.transpose's ``tc_transpose_rect``)."""
         w = self.w
-        src, ld, n = self.var[p.source], p.source_stride, PANEL_ROWS
+        src, ld, n, panels = self.var[p.source], p.source_stride, PANEL_ROWS, p.all_panels
         w.line(f"// each panel the transpose of {p.width} rows of {p.source}, {ld} elements apart")
-        if p.parallel or p.panels * p.depth * p.width * self._itemsize(p.source) >= PARALLEL_PACK_BYTES:
+        if p.parallel or panels * p.depth * p.width * self._itemsize(p.source) >= PARALLEL_PACK_BYTES:
             self._region_open("schedule(static)")
             close = True
         else:
@@ -541,7 +541,7 @@ class _Emitter(Facts):
             w.push()
             close = False
         w.line(f"for (long tc_s = 0; tc_s < {p.depth}; tc_s += {n}) {{")
-        w.line(f"  for (long tc_q = 0; tc_q < {p.panels}; tc_q++)")
+        w.line(f"  for (long tc_q = 0; tc_q < {panels}; tc_q++)")
         w.line(f"    tc_transpose_rect(&{src}[tc_q * {p.width * ld}L + tc_s], {ld}L, "
                f"&{buf}[(tc_q * {p.depth}L + tc_s) * {p.width}], {p.width}L, tc_lmin({n}L, {p.depth}L - tc_s), "
                f"{p.width}L, 0);")

@@ -553,13 +553,16 @@ def _only_transpose(n: LNode) -> LTranspose | None:
 
 def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
     """Whether pack ``p`` can copy its panels straight from the source of transpose ``t``: a shared
-    pack (no chunks, no box, one serial loop: the rows of the panels) of a 32-bit temporary of two
+    pack (no box, one serial loop: the rows of the panels, at most one loop of column blocks) of a
+    32-bit temporary of two
     dims that no other statement reads and no other read of ``p``'s statement reads; the tile
     reads it at (serial loop, panel loop + vector loop), every panel whole inside the source, and
     the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of ``S`` (``_fold_transposes``)."""
     temps = {x.name for x in f.c.temps}
-    if not p.shared or p.chunks or p.box or len(p.serial) != 1 or p.tensor not in temps or \
-            p.tensor not in f.in_memory or len(f.shapes[p.tensor]) != 2:
+    # one loop of column blocks outside the reuse, each block's panels following the last's
+    if not p.shared or len(p.chunks) > 1 or any(c[1] != 0 or c[2] != p.panels * p.width for c in p.chunks) or \
+            p.box or len(p.serial) != 1 or p.tensor not in temps or p.tensor not in f.in_memory or \
+            len(f.shapes[p.tensor]) != 2:
         return False
     readers = [(st.name, r) for st in f.scop.stmts if st.kind == "update"
                for r in reads(f.scop.tc_statement(st.name).rhs) if r.tensor == p.tensor]
@@ -579,7 +582,8 @@ def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
                                                                for i, x in zip(subs, r.subs)):
         return False
     (k,), (x,) = (tuple(i) for i in subs)
-    along = sorted(g.var for g in (*panel, vec))  # the column read: the panel's start plus the lane
+    # the column read: the block's start, the panel's and the lane
+    along = sorted([*(c[0] for c in p.chunks), *(g.var for g in (*panel, vec))])
     terms = sum_terms(args[x]) if x in args else []
     if args.get(k) != LVar(serial.var) or not all(isinstance(e, LVar) for e in terms) or \
             sorted(e.name for e in terms if isinstance(e, LVar)) != along:
@@ -593,7 +597,7 @@ def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
     src = ts.rhs
     assert isinstance(src, Read)  # (codegen.transpose: a copy)
     plain = [Sym.var(i, "index") for i in ts.lhs]
-    return (T.bits(f.tensors[p.tensor].dtype) == 32 and p.depth <= rows and p.panels * p.width <= cols
+    return (T.bits(f.tensors[p.tensor].dtype) == 32 and p.depth <= rows and p.all_panels * p.width <= cols
             and len(ts.lhs) == 2 and list(src.subs) == plain[::-1] and f.strides[src.tensor][1] == 1
             and t.source_stride == f.strides[src.tensor][0] and f.shapes[src.tensor] == (cols, rows))
 

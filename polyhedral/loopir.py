@@ -226,6 +226,11 @@ class LPack(LNode):
     source: str = ""
     source_stride: int = 0
 
+    @property
+    def all_panels(self) -> int:
+        """The panels in the buffer, in order: the blocks' (``chunks``) times the panels of each."""
+        return self.panels * math.prod(c[3] for c in self.chunks)
+
 
 @dataclass(frozen=True)
 class LoopIR:

@@ -163,6 +163,31 @@ def test_a_transposed_operand_is_packed_straight_from_its_source(shape: tuple[in
     np.testing.assert_allclose(k(It, W, Bs), want, rtol=0, atol=bound)
 
 
+def test_a_transposed_operand_in_column_blocks_is_packed_straight_from_its_source(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``A Bᵀ`` 1024^3 on AVX2: B laid out transposed, packed whole in two blocks of 32 panels of
+    16 columns, each block's panels after the last's, copied from B itself; the bits of the kernel
+    that transposes first."""
+    if "avx2" not in _runnable():
+        pytest.skip("no AVX2 here")
+    monkeypatch.setenv("TCDSL_CPU", "avx2")
+    abt = "def abt(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,r_k) * B(n,r_k) }"
+    rng = np.random.default_rng(5)
+    A, B = (rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2))
+    k = tc.define(abt)
+    text = str(k.lowered(A, B).passes[-1][1])
+    assert "// pack B_t (read 1 of S2) into tc_pk0: 2 x 32 panels x 1024 steps x 16" in text
+    assert "transposed from B (its transpose into B_t folded here)" in text and "// transpose" not in text
+    got = k(A, B)
+    monkeypatch.setattr(lower, "_foldable", lambda *a: False)
+    two_passes = tc.define(abt)
+    assert "transpose S1 in blocks" in str(two_passes.lowered(A, B).passes[-1][1])
+    np.testing.assert_array_equal(got, two_passes(A, B))
+    want = A.astype(np.float64) @ B.T.astype(np.float64)
+    bound = 4 * 1025 * np.finfo(np.float32).eps * np.abs(A).max() * np.abs(B).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
 @pytest.mark.parametrize("target,columns,packed", [("avx2", 1024, True), ("avx2", 1088, True), ("avx2", 1040, False),
                                                    ("avx2", 1000, False), ("avx512", 1024, False)])
 def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, packed: bool) -> None:
