@@ -280,6 +280,7 @@ class _Emitter(Facts):
         self.partials: dict[int, dict[str, str]] = {}  # id(privatised row loop) -> target -> its partial rows
         # while a statement prints: its indices that are d*q + r (codegen.lower.run_over_quotients) -> (d, q, r)
         self.quotients: dict[str, tuple[int, str, int]] = {}
+        self.folded: dict[str, str] = {}  # temporaries a pack copies from their source -> the source (run)
         self.w = LineWriter()
 
     def run(self, ir: LoopIR) -> CSource:
@@ -316,6 +317,10 @@ class _Emitter(Facts):
             self.var[name] = self.var[owner]
         with w.indent():
             packs = [n for n in walk(ir.body) if isinstance(n, LPack)]
+            # a temporary whose transpose a pack took over (LPack.source) is never written: any other
+            # read of it (the scalar tile beside the vector one, for compilers without the ISA) reads
+            # its source, transposed
+            self.folded = {p.tensor: p.source for p in packs if p.source}
             self._pack_buffers(packs)
             partials = self._partial_buffers([n for n in walk(ir.body) if isinstance(n, LFor) and n.private],
                                              [p.buffer for p in packs])
@@ -1067,6 +1072,8 @@ class _Emitter(Facts):
 
     def _access(self, tensor: str, subs: tuple[Sym, ...], env: dict[str, str],
                 checked: list[str] | None = None) -> str:
+        if tensor in self.folded:  # T(i, j) = S(j, i), read from S (LPack.source)
+            return self._access(self.folded[tensor], subs[::-1], env, None if checked is None else checked[::-1])
         if tensor in self.rows:
             return self._row_access(tensor, subs, env, checked)
         strides = self.strides[tensor]

@@ -513,18 +513,23 @@ def _fold_transposes(ir: LoopIR, f: Facts) -> LoopIR:
     if not writers:
         return ir
     folded: set[str] = set()  # the statements of the transposes folded into packs
+    calls: dict[str, int] = {}  # statement -> its calls in the IR (one: no other piece reads unpacked)
+    for x in walk(ir.body):
+        if isinstance(x, LCall):
+            calls[x.stmt] = calls.get(x.stmt, 0) + 1
 
     def visit(n: LNode) -> LNode | None:
         if not isinstance(n, LPack) or n.tensor not in writers:
             return None
         body = rewrite(n.body, visit)
         t = writers[n.tensor]
-        if not _foldable(n, t, f):
+        if calls.get(n.stmt) != 1 or not _foldable(n, t, f):
             return replace(n, body=body)
         folded.add(t.call.stmt)
         return replace(n, body=body, source=t.source, source_stride=t.source_stride)
 
     body = rewrite(ir.body, visit)
+
     def kept(x: LNode) -> bool:
         t = _only_transpose(x)
         return t is None or t.call.stmt not in folded
@@ -554,10 +559,11 @@ def _only_transpose(n: LNode) -> LTranspose | None:
 def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
     """Whether pack ``p`` can copy its panels straight from the source of transpose ``t``: a shared
     pack (no box, one serial loop: the rows of the panels, at most one loop of column blocks) of a
-    32-bit temporary of two
-    dims that no other statement reads and no other read of ``p``'s statement reads; the tile
-    reads it at (serial loop, panel loop + vector loop), every panel whole inside the source, and
-    the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of ``S`` (``_fold_transposes``)."""
+    32-bit temporary of two dims that no other statement reads and no other read of ``p``'s
+    statement reads; the tile reads it at (serial loop, panel loop + vector loop), every panel
+    whole inside the source, and the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of
+    ``S`` (``_fold_transposes``). The temporary is then never written: the emitter reads any other
+    access of it (the scalar tile beside the vector one) from ``S`` (codegen.c ``folded``)."""
     temps = {x.name for x in f.c.temps}
     # one loop of column blocks outside the reuse, each block's panels following the last's
     if not p.shared or len(p.chunks) > 1 or any(c[1] != 0 or c[2] != p.panels * p.width for c in p.chunks) or \

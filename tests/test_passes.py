@@ -132,12 +132,14 @@ FC = """def fc(float(B,M) I, float(N,M) W, float(N) Bs) -> (O) {
 
 
 @pytest.mark.parametrize("shape", [(128, 1024, 1024), (64, 1024, 300), (96, 1024, 64)])  # (B, M, N)
-def test_a_transposed_operand_is_packed_straight_from_its_source(shape: tuple[int, int, int],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_transposed_operand_is_packed_straight_from_its_source(
+        shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A layer's operand, laid out transposed for the product (tcdsl.layout) and then packed into
     panels on AVX2, is packed from the operand itself, each panel a blocked transpose of its rows:
     the transpose nest is gone from the IR, and the result has the bits of the kernel that
-    transposes and packs in two passes, within the product's rounding of numpy's."""
+    transposes and packs in two passes, within the product's rounding of numpy's. Built without
+    the vector layer (-DTC_VEC=0), the scalar tile reads the source too (the transposed copy is
+    never written)."""
     if "avx2" not in _runnable():
         pytest.skip("no AVX2 here")
     monkeypatch.setenv("TCDSL_CPU", "avx2")
@@ -151,6 +153,7 @@ def test_a_transposed_operand_is_packed_straight_from_its_source(shape: tuple[in
                      text), text
     assert "transpose S1 in blocks" not in text  # X_t(r_m, x) = X(x, r_m): copied by the pack alone
     got = k(I, W, Bs)
+    scalar = _without_vectors(monkeypatch, tmp_path, FC, [I, W, Bs])  # the scalar tile reads the source too
     monkeypatch.setattr(lower, "_foldable", lambda *a: False)
     two_passes = tc.define(FC)
     assert "transpose S1 in blocks" in str(two_passes.lowered(I, W, Bs).passes[-1][1])
@@ -161,10 +164,21 @@ def test_a_transposed_operand_is_packed_straight_from_its_source(shape: tuple[in
     # the input as a transposed view (its rows not contiguous): the pack copies what it reads
     It = np.ascontiguousarray(I.T).T
     np.testing.assert_allclose(k(It, W, Bs), want, rtol=0, atol=bound)
+    np.testing.assert_allclose(scalar, want, rtol=0, atol=bound)
+
+
+def _without_vectors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, src: str, args: list) -> np.ndarray:
+    """The def's kernel compiled with ``-DTC_VEC=0`` (its scalar tiles), in a cache of its own."""
+    with monkeypatch.context() as m:
+        m.setenv("CC", " ".join([*toolchain.compiler(), "-DTC_VEC=0"]))
+        m.setenv("TCDSL_CACHE_DIR", str(tmp_path / "scalar"))
+        k = tc.define(src)
+        assert "transposed from" in str(k.lowered(*args).passes[-1][1])
+        return k(*args)
 
 
 def test_a_transposed_operand_in_column_blocks_is_packed_straight_from_its_source(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``A Bᵀ`` 1024^3 on AVX2: B laid out transposed, packed whole in two blocks of 32 panels of
     16 columns, each block's panels after the last's, copied from B itself; the bits of the kernel
     that transposes first."""
@@ -179,6 +193,7 @@ def test_a_transposed_operand_in_column_blocks_is_packed_straight_from_its_sourc
     assert "// pack B_t (read 1 of S2) into tc_pk0: 2 x 32 panels x 1024 steps x 16" in text
     assert "transposed from B (its transpose into B_t folded here)" in text and "// transpose" not in text
     got = k(A, B)
+    scalar = _without_vectors(monkeypatch, tmp_path, abt, [A, B])
     monkeypatch.setattr(lower, "_foldable", lambda *a: False)
     two_passes = tc.define(abt)
     assert "transpose S1 in blocks" in str(two_passes.lowered(A, B).passes[-1][1])
@@ -186,6 +201,7 @@ def test_a_transposed_operand_in_column_blocks_is_packed_straight_from_its_sourc
     want = A.astype(np.float64) @ B.T.astype(np.float64)
     bound = 4 * 1025 * np.finfo(np.float32).eps * np.abs(A).max() * np.abs(B).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+    np.testing.assert_allclose(scalar, want, rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("target,columns,packed", [("avx2", 1024, True), ("avx2", 1088, True), ("avx2", 1040, False),
