@@ -481,11 +481,7 @@ class _Emitter(Facts):
             w.line("#endif")
         if p.source:  # the panels straight from the tensor a transpose would have copied (codegen.lower)
             self._transposed_panels(p, buf)
-            self.pack_of[tile.call] = (id(r), f"{buf}[{base} + ")
-            self._body(p.body)
-            del self.pack_of[tile.call]
-            w.pop()
-            w.line("}")
+            self._packed_body(p, tile.call, id(r), f"{buf}[{base} + ")
             return
         if p.parallel:  # the whole operand: the threads copy its blocks
             collapse = f" collapse({len(p.chunks)})" if len(p.chunks) > 1 else ""
@@ -525,11 +521,16 @@ class _Emitter(Facts):
             w.line("}")
         if p.parallel:
             self._region_close()
-        self.pack_of[tile.call] = (id(r), f"{buf}[{base} + ")
+        self._packed_body(p, tile.call, id(r), f"{buf}[{base} + ")
+
+    def _packed_body(self, p: LPack, call: LCall, read: int, element: str) -> None:
+        """``p``'s body, its tile's read ``read`` taken from the panels (``element`` + the lane), and
+        the block ``_pack`` opened closed."""
+        self.pack_of[call] = (read, element)
         self._body(p.body)
-        del self.pack_of[tile.call]
-        w.pop()
-        w.line("}")
+        del self.pack_of[call]
+        self.w.pop()
+        self.w.line("}")
 
     def _transposed_panels(self, p: LPack, buf: str) -> None:
         """``p``'s panels copied from ``p.source`` (``LPack.source``): panel ``q`` is the transpose of

@@ -75,7 +75,7 @@ DRAWS, SLOW_DRAWS = 1, 8  # size draws per layer, ISA and dtype
 
 
 def _sizes(rng: random.Random, name: str) -> dict[str, int]:
-    src, dims = LAYERS[name]
+    _, dims = LAYERS[name]
     sizes: dict[str, int] = {}
     for part in dims.split():
         for d in part.split(":")[1].split(","):
@@ -129,12 +129,12 @@ def _sweep(name: str, cpu: str, dtype: str, draws: int, monkeypatch: pytest.Monk
     src, dims = LAYERS[name]
     kernel = tc.define(src.replace("float(", "double(") if dtype == "float64" else src)
     rng = random.Random(f"layer-sweep-{name}-{cpu}-{dtype}-{draws}")
+    fk, bk, bw = training_kernels(kernel)
     for _ in range(draws):
         sizes = _sizes(rng, name)
         data = np.random.default_rng(rng.randrange(1 << 30))
         args = [data.uniform(-1, 1, [sizes[d] for d in part.split(":")[1].split(",")]).astype(dtype)
                 for part in dims.split()]
-        fk, bk, bw = training_kernels(kernel)
         for which, k, a in (("forward", kernel, args), ("backward", bk, backward_arguments(kernel, fk, bw, args))):
             space = S.space_for(k.checked, bind_sizes(k.checked, [np.asarray(x).shape for x in a]))
             for options in (MappingOptions(), S.to_options(space, space.random(rng))):
