@@ -22,7 +22,8 @@ from tcdsl.polyhedral.loopir import LCall, LCopy, LFor, LHold, LInt, LNode, LSyn
 from tcdsl.polyhedral.scop import Scop
 
 from . import mathlib, regtile
-from .c import CTYPE, ErrorSite, _Emitter
+from .c import _Emitter
+from .cexpr import CTYPE, ErrorSite
 from .writer import unparen as _top
 
 DIALECTS = ("cuda", "opencl")

@@ -66,7 +66,7 @@ from tcdsl.polyhedral.loopir import (
 from tcdsl.polyhedral.scatter import value_indices
 from tcdsl.polyhedral.scop import Scop
 
-from . import contract, memshare, privatise, regtile, transpose, vecloop, vectile
+from . import contract, memshare, privatise, regtile, transpose, vecexpr, vecloop, vecplan
 from .facts import Facts
 
 Pass = Callable[[LoopIR, Facts], LoopIR]
@@ -306,7 +306,7 @@ def hoisted_reads(n: LFor, f: Facts) -> dict[int, str]:
 
 # ---- vectorise ----
 def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
-    """Tiles and pointwise loops in explicit vectors (vectile, vecloop); the other tiles and
+    """Tiles and pointwise loops in explicit vectors (vecplan, vecloop); the other tiles and
     reductions vectorised by the compiler (`omp simd`), a strided window inside the tile loops."""
     if not f.vectorize:
         return ir
@@ -332,7 +332,7 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
         if isinstance(n, LTile):
             inside = _interleaved(n, f)
             simd = n.inner[-1].parallel
-            vt = vectile.plan(f, n, omp.get(id(n), frozenset()), around.get(id(n), ())) \
+            vt = vecplan.plan(f, n, omp.get(id(n), frozenset()), around.get(id(n), ())) \
                 if f.VECTOR_TILES and inside is None else None
             return replace(n, simd=simd, inside=inside.var if inside is not None else "", vector=vt,
                            vector_text=str(vt) if vt is not None else "")
@@ -445,7 +445,7 @@ def _interleaved(rt: LTile, f: Facts) -> LFor | None:
     s: Statement = f.scop.tc_statement(st.name)
     args = dict(zip(st.indices, rt.call.args))
     along = [i for i, a in args.items() if inner.var in expr_vars(a)]  # (the tile's start plus ``inner``)
-    w = along[0] if len(along) == 1 and vectile.plus_var(args[along[0]], inner.var) else None
+    w = along[0] if len(along) == 1 and vecexpr.plus_var(args[along[0]], inner.var) else None
     k = next((i for i, a in args.items() if a == LVar(last.var)), None)
     if w is None or k is None:
         return None
@@ -563,7 +563,7 @@ def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
     statement reads; the tile reads it at (serial loop, panel loop + vector loop), every panel
     whole inside the source, and the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of
     ``S`` (``_fold_transposes``). The temporary is then never written: the emitter reads any other
-    access of it (the scalar tile beside the vector one) from ``S`` (codegen.c ``folded``)."""
+    access of it (the scalar tile beside the vector one) from ``S`` (codegen.cexpr ``folded``)."""
     temps = {x.name for x in f.c.temps}
     # one loop of column blocks outside the reuse, each block's panels following the last's
     if not p.shared or len(p.chunks) > 1 or any(c[1] != 0 or c[2] != p.panels * p.width for c in p.chunks) or \
@@ -625,7 +625,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
         if not all(isinstance(x, Sym) for x in r.subs):
             continue
         subs = tuple(x for x in r.subs if isinstance(x, Sym))
-        step = vectile.elem_step(f, r.tensor, subs, vt.row)
+        step = vecexpr.elem_step(f, r.tensor, subs, vt.row)
         gathered = step not in (None, 0, 1)  # a strided row: a gather per step unless packed
         if step != 1 and not gathered:
             continue
@@ -681,7 +681,7 @@ def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[L
             continue
         inner = t.serial[-1]
         along = [i for i, a in args.items() if inner.var in expr_vars(a)]
-        stride = vectile.elem_step(f, r.tensor, subs, along[0]) if len(along) == 1 else None
+        stride = vecexpr.elem_step(f, r.tensor, subs, along[0]) if len(along) == 1 else None
         if stride is None or not f.target.panel_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0):
             continue
         pack = LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width, panels,

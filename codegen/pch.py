@@ -33,7 +33,7 @@ from tcdsl.core import knobs
 
 from . import diskcache
 
-HEADERS = {  # the system headers a kernel of each architecture may include (codegen.c, codegen.vecisa)
+HEADERS = {  # the system headers a kernel of each architecture may include (codegen.cprelude, codegen.vecisa)
     "x86_64": ("math.h", "stdbool.h", "stdint.h", "stdlib.h", "string.h", "immintrin.h"),
     "aarch64": ("math.h", "stdbool.h", "stdint.h", "stdlib.h", "string.h", "arm_neon.h"),
 }

@@ -15,7 +15,7 @@ masked loads, lane by lane elsewhere), and ``_first(n)``, the lane mask of the f
 ``tc_vf_divc`` divides by a float32 constant through its two-part reciprocal (codegen.divide) where
 ``tc_vf_outside`` finds every lane in the window that form was checked for, and divides elsewhere.
 
-``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.c) lane by lane: the
+``_max``/``_min`` give the bits of the scalar ``tc_max``/``tc_min`` (codegen.cprelude) lane by lane: the
 running value ``a`` where ``a > b`` (``a < b``) or ``a`` is NaN, else the new value ``b`` (so a NaN
 on either side gives NaN, and a tie or -0.0/+0.0 gives ``b``): x86's max/min and then ``a`` where
 ``a`` is unordered; NEON and generic vectors compare and select (NEON's vmaxq orders -0.0 below +0.0).
@@ -136,7 +136,7 @@ def _partial(isa: str) -> str:
 
 def _strided(isa: str) -> str:
     """``tc_v?_gather(p, s)``: the vector of ``p[0], p[s], p[2s], ...`` (AVX2's and AVX-512's gathers
-    with 32-bit offsets, which vectile.plan checks fit; lane by lane elsewhere), and
+    with 32-bit offsets, which vecplan.plan checks fit; lane by lane elsewhere), and
     ``tc_v?_scatter(p, s, v)``, its store, lane by lane (once per tile, after the reduction).
     ``tc_v?_scatter_rows(p, s, n, v)`` stores ``n`` (at most 8) such vectors side by side,
     ``p[l * s + j] = v[j][l]``: lane ``l``'s row of ``n`` neighbours at once, from an 8x8 transpose
@@ -258,7 +258,7 @@ def _x86_half(isa: str) -> list[str]:
 
 def _x86_min_max(isa: str) -> list[str]:
     """``tc_v?_max(a, b)``: the ISA's max (``a > b ? a : b``: b where either is NaN or both are
-    zeros), then ``a`` where ``a`` is NaN, as the scalar ``tc_max`` (codegen.c); so ``min``."""
+    zeros), then ``a`` where ``a`` is NaN, as the scalar ``tc_max`` (codegen.cprelude); so ``min``."""
     _, pre, _ = _X86[isa]
     out = []
     for t, sfx in (("vf", "ps"), ("vd", "pd")):
@@ -427,7 +427,7 @@ def _outside(isa: str) -> str:
             "  return tc_vf_any(~((tc_vfi)(ax >= tc_vf_set1(from)) & (tc_vfi)(ax < tc_vf_set1(to))));\n}\n")
 
 
-# max and min as the scalar tc_max/tc_min (codegen.c), lane by lane: a where a > b (a < b) or a is NaN, else b
+# max and min as the scalar tc_max/tc_min (codegen.cprelude), lane by lane: a where a > b (a < b) or a is NaN, else b
 _GENERIC_MIN_MAX = "".join(
     f"static inline tc_v{t} tc_v{t}_{op}(tc_v{t} a, tc_v{t} b) "
     f"{{ return tc_v{t}_select((tc_v{t}i)(a {cmp} b) | (tc_v{t}i)(a != a), a, b); }}\n"

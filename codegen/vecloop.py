@@ -9,12 +9,12 @@ each vector of such a loop calls the out-of-line vector ``exp``, and every call 
 vector register; written out, ``exp`` is inlined and its constants stay in registers (softmax
 1.12 -> 0.95 ms on 2 threads). The arithmetic is the scalar loop's, lane by lane: with ``+ - * /``
 both give the same bits, and with ``exp`` where the scalar loop calls the layer's ``exp`` as its
-vector variant (x86 with GCC on AVX-512: codegen.c.vector_exp; elsewhere libm's or libmvec's
+vector variant (x86 with GCC on AVX-512: codegen.cprelude.vector_exp; elsewhere libm's or libmvec's
 expf). ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp, where libm's and libmvec's
 are within 4), so they may differ from the scalar loop's in the last bits; they are used where
 libmvec has vector variants too, as fast or faster in these loops and never falling back to
-scalar calls on special lanes (codegen.vectile.LOOP_CALLS). A loop with ``exp`` keeps its simd
-form where libmvec's expf is the faster (codegen.vectile.libmvec_exp: AVX2 and older).
+scalar calls on special lanes (codegen.vecexpr.LOOP_CALLS). A loop with ``exp`` keeps its simd
+form where libmvec's expf is the faster (codegen.vecexpr.libmvec_exp: AVX2 and older).
 
 In a kernel that outgrows the caches, outputs written once bypass them (``streamed``) and the
 inputs a loop alone reads are prefetched ahead of its vectors (``_along``).
@@ -31,7 +31,6 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,12 +38,12 @@ from tcdsl.core.affine import Sym
 from tcdsl.core.checked import Binop, Read, Statement, TExpr, operands, reads
 from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
+from .cexpr import ExprEmitter
 from .facts import Facts
+from .vecexpr import REDUCTIONS, VECTOR_DTYPES, elem_step, plus_var, substitute, vector_expr, vexpr
 from .vecisa import vector_type
-from .vectile import REDUCTIONS, VECTOR_DTYPES, elem_step, plus_var, substitute, unparen, vector_expr, vexpr
+from .writer import unparen
 
-if TYPE_CHECKING:
-    from .c import _Emitter
 
 @dataclass(frozen=True)
 class VectorLoop:
@@ -153,7 +152,7 @@ def streamed(em: Facts, tensor: str) -> bool:
     return _large(em)
 
 
-def emit(em: _Emitter, vl: VectorLoop) -> None:
+def emit(em: ExprEmitter, vl: VectorLoop) -> None:
     """The loop in whole vectors, then the last vector (overlapping) when the trip count is not
     a whole number of them."""
     w, n = em.w, vl.loop
@@ -179,7 +178,7 @@ def emit(em: _Emitter, vl: VectorLoop) -> None:
         w.line("}")
 
 
-def _body(em: _Emitter, vl: VectorLoop, tail: bool = False, rest: int = 0) -> None:
+def _body(em: ExprEmitter, vl: VectorLoop, tail: bool = False, rest: int = 0) -> None:
     """One vector of the loop's statements; with ``rest``, its first ``rest`` lanes only (masked
     loads along the row, a masked store)."""
     fetched: set[str] = set()
@@ -274,7 +273,7 @@ def _vop(v: str, op: str, a: str, b: str) -> str:
     return f"{v}_{op}({a}, {b})" if op in ("max", "min") else f"{a} {op} {b}"
 
 
-def _update(em: _Emitter, va: VectorAccum, q: str, args: tuple[LExpr, ...], off: int = 0, rest: int = 0) -> None:
+def _update(em: ExprEmitter, va: VectorAccum, q: str, args: tuple[LExpr, ...], off: int = 0, rest: int = 0) -> None:
     """Accumulator ``q`` takes the sum's statement at ``args`` (its call's, or a jammed element's)
     as a vector ``off`` past the innermost loop's index; with ``rest``, its next ``rest`` elements
     only, and the identity in the other lanes: masked loads of the first ``rest`` lanes, or where
@@ -322,7 +321,7 @@ def _top(em: Facts, va: VectorAccum) -> bool:
     return va.trips >= va.lanes and em.target.isa != "avx512"
 
 
-def _row_product(em: _Emitter, va: VectorAccum, env: dict[str, str]) -> bool:
+def _row_product(em: ExprEmitter, va: VectorAccum, env: dict[str, str]) -> bool:
     """Whether the sum's update is a multiply-add of two reads along the row (vector loads at
     ``env``)."""
     s = va.stmt
@@ -344,7 +343,7 @@ def _step(v: str, s: Statement, q: str, text: Callable[[TExpr], str]) -> str:
     return f"{q} = {_vop(v, s.op, q, text(s.rhs))};"
 
 
-def _open(em: _Emitter, loops: tuple[LFor, ...]) -> None:
+def _open(em: ExprEmitter, loops: tuple[LFor, ...]) -> None:
     """``for`` lines of ``loops``, outermost first, each body indented (closed by the caller)."""
     for o in loops:
         em.w.line(f"for ({em.ITYPE} {o.var} = {unparen(em._lexpr(o.init))}; {unparen(em._lexpr(o.cond))}; "
@@ -352,7 +351,7 @@ def _open(em: _Emitter, loops: tuple[LFor, ...]) -> None:
         em.w.push()
 
 
-def emit_accum(em: _Emitter, va: VectorAccum) -> None:
+def emit_accum(em: ExprEmitter, va: VectorAccum) -> None:
     """The accumulation into the local ``acc`` (declared and stored by the caller)."""
     w, n, s = em.w, va.accum.loops[-1], va.stmt
     assert isinstance(n.init, LInt)
@@ -589,7 +588,7 @@ def _subst(e: LExpr, values: dict[str, int]) -> LExpr:
     return e
 
 
-def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
+def emit_jammed(em: ExprEmitter, va: VectorAccum, ctype: str) -> None:
     """The jammed sum (``jam``): each element of the jammed loops loaded into a local, accumulated
     in vectors of its own across the nest, and stored."""
     w, n, s, a = em.w, va.accum.loops[-1], va.stmt, va.accum
@@ -637,7 +636,7 @@ def emit_jammed(em: _Emitter, va: VectorAccum, ctype: str) -> None:
         w.line(f"{targets[k]} = acc{k};")
 
 
-def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
+def _shared_tail(em: ExprEmitter, va: VectorAccum) -> bool:
     """Whether a jammed sum's last elements take ``_shared_step``'s form too, ``rest`` of them: the
     overlapping vector that ends with the row (``_top``), in a multiply-add of two reads along the
     row, each zeroed in the lanes the vector before summed. Its loads are then shared among the
@@ -649,7 +648,7 @@ def _shared_tail(em: _Emitter, va: VectorAccum) -> bool:
     return _top(em, va) and not _one_step(em, va) and _row_product(em, va, env)
 
 
-def _one_step(em: _Emitter, va: VectorAccum) -> bool:
+def _one_step(em: ExprEmitter, va: VectorAccum) -> bool:
     """Rows of one whole vector before the overlapping one (AVX2, 14-wide rows: 8 + 6). There the
     loads stay as they were, each other load folded into its multiply-adds and the last elements
     loaded for each update (``_update``): holding them, or sharing the last vector's, made the weight
@@ -658,7 +657,7 @@ def _one_step(em: _Emitter, va: VectorAccum) -> bool:
     return _top(em, va) and va.trips < 2 * va.lanes
 
 
-def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]], rest: int = 0) -> None:
+def _shared_step(em: ExprEmitter, va: VectorAccum, combos: list[dict[str, int]], rest: int = 0) -> None:
     """One whole-vector step of a jammed sum: each distinct load once, into a local, then one
     update per element; with ``rest``, the overlapping vector of the row's last ``rest`` elements
     instead (``_shared_tail``). Loads that several elements share are held in registers
@@ -714,6 +713,6 @@ def _shared_step(em: _Emitter, va: VectorAccum, combos: list[dict[str, int]], re
             w.line(lines[k])
 
 
-def _named_in(em: _Emitter, va: VectorAccum, env: dict[str, str], loads: dict[str, str]) -> Callable[[TExpr], str]:
+def _named_in(em: ExprEmitter, va: VectorAccum, env: dict[str, str], loads: dict[str, str]) -> Callable[[TExpr], str]:
     """An operand's vector text at ``env``, each load named in ``loads``."""
     return lambda e: vexpr(em, e, env, va.stmt, va.row, loads)

@@ -152,7 +152,7 @@ class LTile(LNode):
     simd: bool = False  # the innermost tile loop is vectorised by the compiler
     inside: str = ""  # a short serial loop run inside the tile loops (a strided window)
     split: int = 0  # the innermost tile loop runs as two loops, below this value and from it
-    vector: Any = field(default=None, compare=False)  # the tile in explicit vectors (codegen.vectile)
+    vector: Any = field(default=None, compare=False)  # the tile in explicit vectors (codegen.vecplan)
     vector_text: str = ""
 
     @property

@@ -244,7 +244,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
     tile stays in registers across the reduction); other bands put their most contiguous member
     innermost. In a ``boundary`` piece of a split statement whose contiguous member is a few
     columns wide, the register tile runs along the last longer parallel member instead (its
-    reads and target gathered: codegen.vectile). ``spread``: the band has loops below it or
+    reads and target gathered: codegen.vecplan). ``spread``: the band has loops below it or
     around it (it is not an outermost pointwise loop)."""
     n = len(infos)
     lanes = max(1, target.vector_bytes // itemsize)
@@ -312,7 +312,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
         infos[r].contiguous >= infos[contig].contiguous and infos[r].strided == 0 and infos[r].extent >= lanes
         for r in red)
     if target.half_vectors and contig is not None and lanes // 2 <= infos[contig].extent < lanes:
-        lanes //= 2  # rows shorter than a vector run in half vectors (codegen.vectile: narrow tiles)
+        lanes //= 2  # rows shorter than a vector run in half vectors (codegen.vecplan: narrow tiles)
     row = None
     rows: list[int] = []
     # (not when the contiguous member is a few wide, as a 3x3 weight gradient's: its register tile
@@ -417,7 +417,7 @@ def plan(infos: list[MemberInfo], coincident: list[bool], options: MappingOption
 
     # Two row members (conv: output channel x output row) and a contiguous member of two to four
     # vectors (a conv output row) that the register tile takes whole (its last, partial vector in
-    # a loop of its own, see codegen.c): 8 channels x 1 row x 2 vectors, or 4 x 1 x 3-4 vectors.
+    # a loop of its own, see codegen.ctile): 8 channels x 1 row x 2 vectors, or 4 x 1 x 3-4 vectors.
     # On one thread, group conv (26 wide) ran 63 ms against 84 ms for 2 x 4 rows, conv2d (54 wide)
     # 45 ms against 53 ms for 6 x 1; split into 13- or 14-lane pieces under 4 x 4 rows instead,
     # the rows ran 1.3x-1.5x slower.

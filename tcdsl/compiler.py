@@ -30,6 +30,7 @@ from .codegen import gpu as gpu_cgen
 from .codegen import gpulower as gpu_passes
 from .codegen import lower as cpu_passes
 from .codegen import toolchain
+from .codegen.cexpr import ErrorSite
 from .codegen.facts import Facts
 from .codegen.gpu import GpuSource
 from .core import knobs
@@ -486,7 +487,7 @@ def data_address(a: np.ndarray) -> int:
         return a.ctypes.data  # type: ignore[no-any-return]
 
 
-def runtime_error(inst: Instance, errors: tuple[cgen.ErrorSite, ...], code: int, value: int) -> TcRuntimeError:
+def runtime_error(inst: Instance, errors: tuple[ErrorSite, ...], code: int, value: int) -> TcRuntimeError:
     """The located error for a failed run-time check (``code`` indexes ``errors``)."""
     site = next((e for e in errors if e.code == code), None)
     if site is None:

@@ -228,7 +228,7 @@ def test_vector_division_by_a_constant_has_the_divisions_bits(name: str, divisor
 
 
 def _scalar_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The scalar ``tc_max(a, b)`` (codegen.c): a where a > b or a is NaN, else b."""
+    """The scalar ``tc_max(a, b)`` (codegen.cprelude): a where a > b or a is NaN, else b."""
     return np.where((a > b) | np.isnan(a), a, b)
 
 

@@ -1,5 +1,5 @@
-"""Register tiles and loops in the target's explicit vectors (codegen.vectile, codegen.vecloop,
-codegen.vecisa), on every CPU target this machine runs (AVX-512, AVX2, SSE2, generic vector
+"""Register tiles and loops in the target's explicit vectors (codegen.vecplan, codegen.vectile,
+codegen.vecloop, codegen.vecisa), on every CPU target this machine runs (AVX-512, AVX2, SSE2, generic vector
 extensions; ``TCDSL_CPU``): the kernels that take the vector form give the same bits as the
 scalar code where the target has FMA (within the term-scaled bound where it has not), against
 numpy, with the tile starting at zero or loaded from the target, rows of whole vectors or ending
@@ -22,8 +22,7 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
-from tcdsl.codegen import c as cgen
-from tcdsl.codegen import lower, toolchain, vecisa, vecloop
+from tcdsl.codegen import cpack, lower, toolchain, vecisa, vecloop
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget, transform
 
@@ -505,7 +504,7 @@ def test_vector_loop_softmax(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, D:
     src = k.source(X)
     assert "(tc_vf_load(&r" in src and " / " in src, src  # e / s, e in a row buffer
     t = toolchain.target()
-    if t.isa != "avx512" and toolchain.has_vector_math():  # libmvec's expf in a simd loop (vectile.libmvec_exp)
+    if t.isa != "avx512" and toolchain.has_vector_math():  # libmvec's expf in a simd loop (vecexpr.libmvec_exp)
         assert "TC_EXPF((" in src, src
     elif D == 1024:  # 4 tiles of 256: exp and sum in loops of their own (D = 1000: exp fused with the sum)
         assert "tc_vf_exp((" in src, src
@@ -1509,7 +1508,7 @@ def test_large_shared_packs_are_copied_by_every_thread(monkeypatch: pytest.Monke
         text = kernel.lowered(*args).source.text
         pattern = rf"read {tensor} from (\d+) packed panels of (\d+) x (\d+)\n(.*?)const long pk"
         copies += re.findall(pattern, text, re.S)
-    big = [int(n) * int(d) * int(w) * 4 >= cgen.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
+    big = [int(n) * int(d) * int(w) * 4 >= cpack.PARALLEL_PACK_BYTES for n, d, w, _ in copies]
     assert len(copies) == 2 and big == [False, True], copies
     assert all(("#pragma omp parallel\n" in c[3] and "#pragma omp for schedule(static)" in c[3]) == b
                for c, b in zip(copies, big)), copies
