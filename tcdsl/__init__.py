@@ -4,8 +4,9 @@
 
 This folder is the top layer, over ``tcdsl.core``, ``tcdsl.grammar``, ``tcdsl.polyhedral`` and
 ``tcdsl.codegen``: the compiler driver and runtimes, then autodiff, the tuner and the torch glue,
-then the API (``api``: kernels), then the command line. Autodiff, the tuner and the torch glue
-never import the API: they make kernels through the class of the kernel they are given.
+then the kernels (``kernel``, over ``arguments``) and the API (``api``: ``define``), then the command
+line. Autodiff, the tuner and the torch glue never import the kernels or the API: they make kernels
+through the class of the kernel they are given.
 """
 
 import importlib.abc
@@ -15,7 +16,7 @@ import warnings
 from typing import Any
 
 from . import tuning
-from .api import GenericKernel, Kernel, Library, define
+from .api import GenericKernel, Library, define
 from .codegen.diskcache import TcCacheWarning
 from .core.errors import (
     TcArgumentError,
@@ -32,6 +33,7 @@ from .core.errors import (
 )
 from .core.options import MappingOptions
 from .core.version import __version__
+from .kernel import Kernel
 
 
 def _torch_ops() -> None:

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from . import bench, deepstack, tuning
-from .api import _kernels_of, default_backend
+from .arguments import default_backend
 from .core import knobs, limits
 from .core.errors import TcArgumentError, TcError, did_you_mean
 from .core.options import MappingOptions
 from .core.sema import check_def, check_def_names
 from .core.version import __version__
 from .grammar import parse
+from .kernel import kernels_of
 
 
 def _checked_text(d: Any) -> str:
@@ -97,7 +98,7 @@ def _entry(args: argparse.Namespace) -> Any:
         args.entry = next(iter(defs))
     if args.entry not in defs:
         raise TcArgumentError(f"--entry must name one of the defs in {args.file}: {', '.join(defs)}")
-    return _kernels_of([defs[args.entry]], None)[0]
+    return kernels_of([defs[args.entry]], None)[0]
 
 
 def _options(text: str) -> MappingOptions:

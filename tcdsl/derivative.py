@@ -1,6 +1,7 @@
 """Expression derivatives for reverse mode: ``TExpr x read -> TExpr`` (the partial derivative of a
 typed expression with respect to one tensor read; ``None``: identically zero), and ``TExpr -> str``
-(typed expressions printed back as TC text). Used by ``tcdsl.autodiff``.
+(typed expressions printed back as TC text). Used by ``tcdsl.autodiff``, ``tcdsl.gradrules`` and
+``tcdsl.gradindex``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Backward-def statements: a strided gradient sum taken in phases (``TExpr`` x index box ->
-``Phases | None``). Used by ``tcdsl.autodiff`` as it emits a contribution.
+``Phases | None``). Used by ``tcdsl.gradrules`` as it emits a contribution.
 
 The input gradient of a conv with stride 2, ``d_I(n, c, x2, x3) +=! d_O(n, f, h, w) * W(f, c, x2 - 2*h,
 x3 - 2*w)``, sums over the output rows and columns ``h, w`` that reach input row ``x2`` and column

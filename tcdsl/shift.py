@@ -1,6 +1,6 @@
 """Shift invariance for reverse mode: ``CheckedDef -> set of temporaries`` whose gradient is zero
 because no output changes when they shift (the running max a stable softmax or log-sum-exp
-subtracts). Used by ``tcdsl.autodiff``, which then sends no gradient through them.
+subtracts). Used by ``tcdsl.gradrules``, which then sends no gradient through them.
 
 A temporary ``m`` written by one statement is shifted by an arbitrary ``delta`` per element; the
 walk follows the def forward and describes each value's first-order change exactly, in one of two

@@ -22,7 +22,8 @@ import torch
 from torch.autograd.graph import increment_version
 
 from . import gpurt
-from .autodiff import Backward, attach, backward_of, saved_types
+from .autodiff import attach, backward_of
+from .backward import Backward, saved_types
 from .core import dtypes as T
 from .core.batching import batched
 from .core.errors import TcArgumentError, TcWarning
@@ -47,7 +48,7 @@ def torch_dtype(tc_type: str) -> torch.dtype:
 class _Entry:
     """What a ``tcdsl::forward`` or ``tcdsl::backward`` key stands for."""
 
-    kernel: Any  # the tcdsl.api.Kernel called (the forward with saved temporaries, for training)
+    kernel: Any  # the tcdsl.kernel.Kernel called (the forward with saved temporaries, for training)
     backend: str | None
     options: Any
     owner: Any  # the user's kernel (its backward defs)
@@ -58,7 +59,7 @@ class _Entry:
 
 _REGISTRY: dict[str, _Entry] = {}
 _LOCK = threading.Lock()
-KERNEL_OF_SOURCE: Any = None  # tcdsl.api.Kernel.of_source, set by the package: rebuilds a key's kernel
+KERNEL_OF_SOURCE: Any = None  # tcdsl.kernel.Kernel.of_source, set by the package: rebuilds a key's kernel
 KEY_VERSION = 1
 
 

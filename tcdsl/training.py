@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .autodiff import Backward, backward_of
+from .autodiff import backward_of
+from .backward import Backward
 from .core import dtypes as T
 from .tuner.tune import TuneResult
 

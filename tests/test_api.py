@@ -830,7 +830,7 @@ def test_errors_surface_at_the_users_call_first_or_repeated(monkeypatch: pytest.
 
     for _ in range(3):  # the first call compiles; the next ones are repeated calls
         ours = [f for f in frames() if os.sep + "tcdsl" + os.sep in f]
-        assert len(ours) == 1 and ours[0].endswith("api.py")  # the call's own line, then the user's
+        assert len(ours) == 1 and ours[0].endswith("kernel.py")  # the call's own line, then the user's
     monkeypatch.setenv("TCDSL_DEBUG", "1")
     assert any(f.endswith(os.path.join("tcdsl", "compiler.py")) for f in frames())
 

@@ -108,7 +108,7 @@ def test_corpus_c_matches_reference_and_interpreter(case: Case):
 
 @pytest.mark.cpu
 def test_default_backend_is_c_when_a_compiler_exists():
-    assert tc.api.default_backend() == "c"
+    assert tc.arguments.default_backend() == "c"
     k = tc.define(MATMUL)
     A, B = f32((5, 3)), f32((3, 4), 1)
     C = k(A, B)  # no backend: the default
@@ -1275,7 +1275,7 @@ def test_contraction_against_a_transposed_operand_is_laid_out_and_exact(b: int, 
     """``O(b, n) +=! I(b, r) * W(n, r)`` compiles as a transpose of W and a register-tiled product, or
     (where I and O are smaller than W) of I, the product and a transpose back, where it has
     LAYOUT_MIN_WORK products or more (or layout=True says so); the results match numpy for any sizes."""
-    from tcdsl.api import LAYOUT_MIN_WORK
+    from tcdsl.kernel import LAYOUT_MIN_WORK
 
     k = tc.define(FC_TORCH_LAYOUT)
     I, W, bias = f32((b, m)), f32((n, m), 1), f32((n,), 2)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tcdsl as tc
-from tcdsl.api import _c_ready, _coerce_inputs
+from tcdsl.arguments import c_ready, coerce_inputs
 from tcdsl.codegen import c as cgen
 from tcdsl.codegen import lower, toolchain
 from tcdsl.compiler import CKernel
@@ -80,7 +80,7 @@ def test_every_pass_computes_what_the_interpreter_does(name: str, cpu: str, monk
     space = S.space_for(k.checked, bind_sizes(k.checked, [a.shape for a in arrays]))
     rng = random.Random(f"passes-{name}-{cpu}")
     ref = k(*args, backend="numpy")
-    inputs = {t.name: _c_ready(a) for t, a in zip(k.checked.inputs, _coerce_inputs(k.checked, args))}
+    inputs = {t.name: c_ready(a) for t, a in zip(k.checked.inputs, coerce_inputs(k.checked, args))}
     ran = 0
     for options in (MappingOptions(), *(S.to_options(space, space.random(rng)) for _ in range(2))):
         low = k.lowered(*args, options=options)
