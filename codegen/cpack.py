@@ -112,7 +112,7 @@ class PackEmitter(ExprEmitter):
             w.line("#else")
             w.line(f"{ctype} *restrict {buf} = {p.buffer};")
             w.line("#endif")
-        if p.source:  # the panels straight from the tensor a transpose would have copied (codegen.lower)
+        if p.source:  # the panels straight from the tensor a transpose would have copied (codegen.pack)
             self._transposed_panels(p, buf)
             self._packed_body(p, tile.call, id(r), f"{buf}[{base} + ")
             return

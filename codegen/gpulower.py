@@ -34,7 +34,8 @@ from tcdsl.polyhedral.loopir import (
 )
 from tcdsl.polyhedral.scop import Scop
 
-from .lower import accumulation, rewrite, scatter_call
+from .lower import accumulation, scatter_call
+from .rewrite import rewrite
 
 GpuPass = Callable[[GpuProgram, Scop], GpuProgram]
 MAX_SLOTS = 64  # register-array elements a hold may give each thread

@@ -2,25 +2,32 @@
 ``PASSES``. Each pass records what it decided as nodes or fields of the loop IR
 (polyhedral.loopir: ``LDecl``, ``LReset``, ``LTranspose``, ``LTile``, ``LAccum``, ``LPack``, and the ``hoist``,
 ``vector``, ``unroll`` and ``collapse`` fields of loops), so ``str(ir)`` after each pass shows it,
-and the C emitter (codegen.c) only prints what the IR says.
+and the C emitter (codegen.c) only prints what the IR says. Most passes live here; a line that
+starts with a module's name (``codegen.pack:``) says where its pass lives instead:
 
     scatter     indices that a scatter computes from data, as ``data(...)`` of the loops they move with
     contract    temporaries that live in one scalar, or in the row one iteration uses
     share       temporaries whose lifetimes do not overlap share one buffer
     transpose   copy nests that read along one loop and write along the other move in blocks
+    privatise   codegen.privatise: sums over rows into a target the rows do not index, moved into
+                the parallel row loop that reads the same rows, each block of rows into partial rows
     regtile     reduction nests whose target stays in a register tile across the serial loops
     accumulate  innermost nests of reduction loops into one element, in a local
     hoist       reads that do not move with a vectorised loop, loaded once before it
     vectorise   tiles and pointwise loops in the target's explicit vectors, where they have that form
     quotient    pointwise loops that read at ``v / d`` run over the quotient, the ``d`` remainders written out
-    pack        the operand a vector tile loads along its rows copied into contiguous panels (from the
-                tensor a transpose copied it from, where nothing else reads the transposed copy)
-    fuse        nests of one statement's pieces that share their outer parallel loops run them once
-    siblings    independent nests that run the same outer loops and read a tensor in common run them once
+    pack        codegen.pack: the operand a vector tile loads along its rows copied into contiguous
+                panels (from the tensor a transpose copied it from, where nothing else reads the
+                transposed copy)
+    fuse        codegen.fuse: nests of one statement's pieces that share their outer parallel loops
+                run them once
+    siblings    codegen.fuse: independent nests that run the same outer loops and read a tensor in
+                common run them once
     split       compiler-vectorised tile loops cut into whole vectors and the rest
     unroll      short innermost loops unrolled (the ``unroll`` option)
-    parallel    `omp parallel for` loops with few iterations share their threads with the loop inside
-                (not with columns whose iterations write the same cache lines: those move inward)
+    parallel    codegen.threads: `omp parallel for` loops with few iterations share their threads
+                with the loop inside (not with columns whose iterations write the same cache lines:
+                those move inward); loops over register tiles hand out fine chunks
 
 ``run`` returns the IR after every pass; the ``TCDSL_DUMP_DIR`` knob writes them
 (``<def>.passes.txt``), and the golden-file tests check them.
@@ -28,53 +35,43 @@ and the C emitter (codegen.c) only prints what the IR says.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from tcdsl.core import dtypes as T
 from tcdsl.core.affine import FloorDiv, Sym, Var
-from tcdsl.core.checked import Read, Statement, read_tuple, reads
+from tcdsl.core.checked import Statement, read_tuple, reads
 from tcdsl.core.instance import fully_written
 from tcdsl.polyhedral.loopir import (
     LAccum,
     LCall,
-    LCopy,
     LDecl,
     LExpr,
     LFor,
     LIf,
     LInt,
-    LMark,
     LNode,
     LoopIR,
     LOp,
-    LPack,
     LReset,
     LTile,
-    LTranspose,
     LVar,
-    expr_value,
     expr_vars,
-    loop_values,
-    sum_terms,
-    trip_bound,
     trip_count,
     walk,
-    walk_paths,
 )
 from tcdsl.polyhedral.scatter import value_indices
 from tcdsl.polyhedral.scop import Scop
 
 from . import contract, memshare, privatise, regtile, transpose, vecexpr, vecloop, vecplan
 from .facts import Facts
+from .fuse import fuse_pieces, fuse_siblings
+from .pack import pack_panels
+from .rewrite import LOOPS, rewrite
+from .threads import parallel
 
 Pass = Callable[[LoopIR, Facts], LoopIR]
-Visit = Callable[[LNode], "LNode | tuple[LNode, ...] | None"]
 
 SMALL_INNER = 4  # a window reduction this short may run inside the vectorised tile loop (_interleaved)
-COLLAPSE_BELOW = 16  # an `omp parallel for` loop with fewer iterations shares them with the loop inside
-LOOPS = (LFor, LTile, LAccum, LTranspose, LPack)  # nodes that print as loops (or wrap them)
 
 
 def run(ir: LoopIR, facts: Facts) -> tuple[tuple[str, LoopIR], ...]:
@@ -95,25 +92,6 @@ def trace(steps: tuple[tuple[str, LoopIR], ...], start: LoopIR | None = None) ->
         parts.append(f"== {name}\n{'(unchanged)' if text == before else text}")
         before = text
     return "\n".join(parts) + "\n"
-
-
-def rewrite(body: tuple[LNode, ...], visit: Visit) -> tuple[LNode, ...]:
-    """``body`` with each node ``visit`` replaces (a node, or several) replaced, and the bodies of
-    the loops and ifs it leaves (returns None for) rewritten the same way."""
-    out: list[LNode] = []
-    for n in body:
-        r = visit(n)
-        if r is not None:
-            out.extend(r if isinstance(r, tuple) else (r,))
-        elif isinstance(n, LFor):
-            out.append(replace(n, body=rewrite(n.body, visit)))
-        elif isinstance(n, LIf):
-            out.append(replace(n, then=rewrite(n.then, visit), other=rewrite(n.other, visit)))
-        elif isinstance(n, (LPack, LCopy, LMark)):  # (shared copies and marks: the GPU's, codegen.gpulower)
-            out.append(replace(n, body=rewrite(n.body, visit)))
-        else:
-            out.append(n)
-    return tuple(out)
 
 
 # ---- scatter ----
@@ -457,462 +435,6 @@ def _interleaved(rt: LTile, f: Facts) -> LFor | None:
     return None
 
 
-# ---- pack ----
-def pack_panels(ir: LoopIR, f: Facts) -> LoopIR:
-    """The operand a vector register tile loads along its rows, the same for every row of the tile
-    (matmul's B), is copied once per cache tile into a buffer of panels: one panel per tile
-    position along the row, each the tile's row width by the reduction steps, contiguous in the
-    order the tile reads it. Read from the caller's memory instead, a row of the operand is
-    wherever its row stride puts it: with a 4 KiB stride (1024 floats) every row of a panel falls
-    into the same L1 set, and at numpy's 16-byte alignment every other 32-byte load splits across
-    two cache lines (AVX2 matmul 1024^3: 115 GFLOP/s from the caller's memory, 150 packed).
-    The copy goes just outside the innermost loop that reuses the panels (the tile's rows step
-    along it), inside the parallel loop, so each thread packs its own."""
-    wraps: dict[int, LPack] = {}
-    count = [0]
-
-    def find(body: tuple[LNode, ...], path: tuple[LFor, ...]) -> None:
-        for n in body:
-            if isinstance(n, LFor):
-                find(n.body, path + (n,))
-            elif isinstance(n, LIf):
-                find(n.then, path)
-                find(n.other, path)
-            elif isinstance(n, LTile) and n.vector is not None:
-                found = _packing(n, path, f, f"tc_pk{count[0]}")
-                if found is not None and id(found[0]) not in wraps:
-                    wraps[id(found[0])] = found[1]
-                    count[0] += 1
-
-    find(ir.body, ())
-    if not wraps:
-        return ir
-
-    def visit(n: LNode) -> LNode | None:
-        pack = wraps.get(id(n))
-        if pack is None or not isinstance(n, LFor):
-            return None
-        return replace(pack, body=(replace(n, body=rewrite(n.body, visit)),))
-
-    return _fold_transposes(replace(ir, body=rewrite(ir.body, visit)), f)
-
-
-def _fold_transposes(ir: LoopIR, f: Facts) -> LoopIR:
-    """A pack of the whole operand, made once before the parallel loops, whose operand is a
-    temporary that a blocked transpose wrote from another tensor and that nothing else reads (the
-    row operand of ``T(x, y) +=! A(x, r) * B(y, r)`` laid out by tcdsl.layout: ``At(r, x) = A(x,
-    r)``) copies its panels from that tensor in blocks, each panel the transpose of ``width`` of
-    its rows, and the transpose goes: one pass over the operand instead of two. FC 128x1024 ->
-    1024 on AVX2, 2 threads, the kernel alone back to back: transpose 20 us and pack 36 us ->
-    25 us (1.33 -> 1.30 ms)."""
-    writers = {}
-    for n in ir.body:
-        t = _only_transpose(n)
-        if t is not None and _elements(n) == math.prod(f.shapes[t.source]):  # the whole tensor
-            writers[f.scop.tc_statement(f.scop.stmt(t.call.stmt).name).tensor] = t
-    if not writers:
-        return ir
-    folded: set[str] = set()  # the statements of the transposes folded into packs
-    calls: dict[str, int] = {}  # statement -> its calls in the IR (one: no other piece reads unpacked)
-    for x in walk(ir.body):
-        if isinstance(x, LCall):
-            calls[x.stmt] = calls.get(x.stmt, 0) + 1
-
-    def visit(n: LNode) -> LNode | None:
-        if not isinstance(n, LPack) or n.tensor not in writers:
-            return None
-        body = rewrite(n.body, visit)
-        t = writers[n.tensor]
-        if calls.get(n.stmt) != 1 or not _foldable(n, t, f):
-            return replace(n, body=body)
-        folded.add(t.call.stmt)
-        return replace(n, body=body, source=t.source, source_stride=t.source_stride)
-
-    body = rewrite(ir.body, visit)
-
-    def kept(x: LNode) -> bool:
-        t = _only_transpose(x)
-        return t is None or t.call.stmt not in folded
-
-    return replace(ir, body=tuple(x for x in body if kept(x)))
-
-
-def _elements(n: LNode) -> int | None:
-    """The elements the transpose nest ``n`` (``_only_transpose``) copies: its loops' trip counts
-    multiplied (None where one is not constant)."""
-    counts = []
-    while isinstance(n, LFor):
-        counts.append(trip_count(n))
-        n = n.body[0]
-    assert isinstance(n, LTranspose)
-    counts += [trip_count(n.outer), trip_count(n.inner)]
-    return None if any(c is None for c in counts) else math.prod(c for c in counts if c is not None)
-
-
-def _only_transpose(n: LNode) -> LTranspose | None:
-    """The blocked transpose that is all of the nest ``n`` (its loops hold nothing else), or None."""
-    while isinstance(n, LFor) and len(n.body) == 1:
-        n = n.body[0]
-    return n if isinstance(n, LTranspose) else None
-
-
-def _foldable(p: LPack, t: LTranspose, f: Facts) -> bool:
-    """Whether pack ``p`` can copy its panels straight from the source of transpose ``t``: a shared
-    pack (no box, one serial loop: the rows of the panels, at most one loop of column blocks) of a
-    32-bit temporary of two dims that no other statement reads and no other read of ``p``'s
-    statement reads; the tile reads it at (serial loop, panel loop + vector loop), every panel
-    whole inside the source, and the transpose is the plain ``T(i, j) = S(j, i)`` of the whole of
-    ``S`` (``_fold_transposes``). The temporary is then never written: the emitter reads any other
-    access of it (the scalar tile beside the vector one) from ``S`` (codegen.cexpr ``folded``)."""
-    temps = {x.name for x in f.c.temps}
-    # one loop of column blocks outside the reuse, each block's panels following the last's
-    if not p.shared or len(p.chunks) > 1 or any(c[1] != 0 or c[2] != p.panels * p.width for c in p.chunks) or \
-            p.box or len(p.serial) != 1 or p.tensor not in temps or p.tensor not in f.in_memory or \
-            len(f.shapes[p.tensor]) != 2:
-        return False
-    readers = [(st.name, r) for st in f.scop.stmts if st.kind == "update"
-               for r in reads(f.scop.tc_statement(st.name).rhs) if r.tensor == p.tensor]
-    if len(readers) != 1 or readers[0][0] != p.stmt:
-        return False
-    tile, above = next(((x, up) for x, up in walk_paths(p.body) if isinstance(x, LTile) and x.call.stmt == p.stmt
-                        and tuple(g.var for g in x.serial) == p.serial and p.call in (None, x.call)), (None, ()))
-    if tile is None:
-        return False
-    st = f.scop.stmt(p.stmt)
-    r = reads(f.scop.tc_statement(st.name).rhs)[p.read]
-    args = dict(zip(st.indices, tile.call.args))
-    panel = [x for x in reversed(above) if isinstance(x, LFor) and x.var == p.panel][:1]
-    serial, vec = tile.serial[0], tile.inner[-1]
-    subs = [x.indices() for x in r.subs if isinstance(x, Sym)]
-    if len(subs) != 2 or any(len(i) != 1 for i in subs) or any(Sym.var(next(iter(i)), "index") != x
-                                                               for i, x in zip(subs, r.subs)):
-        return False
-    (k,), (x,) = (tuple(i) for i in subs)
-    # the column read: the block's start, the panel's and the lane
-    along = sorted([*(c[0] for c in p.chunks), *(g.var for g in (*panel, vec))])
-    terms = sum_terms(args[x]) if x in args else []
-    if args.get(k) != LVar(serial.var) or not all(isinstance(e, LVar) for e in terms) or \
-            sorted(e.name for e in terms if isinstance(e, LVar)) != along:
-        return False
-    firsts = [g.init for g in (serial, vec, *panel)]
-    if not all(isinstance(i, LInt) and i.value == 0 for i in firsts) or trip_count(serial) != p.depth or \
-            trip_count(vec) != p.width or (panel and (panel[0].step != p.width or trip_count(panel[0]) != p.panels)):
-        return False
-    rows, cols = f.shapes[p.tensor]
-    ts = f.scop.tc_statement(f.scop.stmt(t.call.stmt).name)
-    src = ts.rhs
-    assert isinstance(src, Read)  # (codegen.transpose: a copy)
-    plain = [Sym.var(i, "index") for i in ts.lhs]
-    return (T.bits(f.tensors[p.tensor].dtype) == 32 and p.depth <= rows and p.all_panels * p.width <= cols
-            and len(ts.lhs) == 2 and list(src.subs) == plain[::-1] and f.strides[src.tensor][1] == 1
-            and t.source_stride == f.strides[src.tensor][0] and f.shapes[src.tensor] == (cols, rows))
-
-
-PACK_MAX_BYTES = 256 << 10  # a packed block lives on the thread's stack
-def _packing(t: LTile, path: tuple[LFor, ...], f: Facts, buffer: str) -> tuple[LFor, LPack] | None:
-    """(the loop to pack before, the pack) for tile ``t`` under the loops ``path``, or None."""
-    vt = t.vector
-    st = f.scop.stmt(t.call.stmt)
-    s = f.scop.tc_statement(st.name)
-    args = dict(zip(st.indices, t.call.args))
-    vec, rows = t.inner[-1], t.inner[:-1]
-    width = t.extents[-1]
-    if any(x.step != 1 for x in t.serial) or not isinstance(vec.init, LInt) or vt.shift is not None:
-        return None
-    for pos, r in enumerate(reads(s.rhs)):
-        if r.conditional or r.tensor == s.tensor or r.tensor not in f.in_memory:
-            continue
-        if not all(isinstance(x, Sym) for x in r.subs):
-            continue
-        subs = tuple(x for x in r.subs if isinstance(x, Sym))
-        step = vecexpr.elem_step(f, r.tensor, subs, vt.row)
-        gathered = step not in (None, 0, 1)  # a strided row: a gather per step unless packed
-        if step != 1 and not gathered:
-            continue
-        moves: set[str] = set()
-        for x in subs:
-            for i in x.indices():
-                moves |= expr_vars(args[i])
-        if moves & {g.var for g in rows} or not moves & {g.var for g in t.serial}:
-            continue
-        panel: list[LFor] = []
-        reuse = None
-        for loop in reversed(path):
-            if loop.var in moves:
-                panel.insert(0, loop)
-            else:
-                reuse = loop
-                break
-        if reuse is None or any(p.omp for p in panel) or len(panel) > 1:
-            continue
-        if panel and (panel[0].step != width or not isinstance(panel[0].init, LInt)):
-            continue
-        inside = {reuse.var, vec.var, *(g.var for g in panel), *(g.var for g in t.serial), *(g.var for g in rows)}
-        box = _box(t, path, r.subs, args) if gathered else None
-        # where the serial loops' bounds vary (a boundary piece's window, ``kw >= 1 - w``), the pack
-        # holds their whole range
-        bounds = [*panel, vec] if box is not None else [*panel, *t.serial, vec]
-        if any((expr_vars(x.init) | expr_vars(x.cond) - {x.var}) & inside for x in bounds):
-            continue
-        counts = [trip_bound(x) for x in panel] + ([k for _, k in box] if box else [trip_bound(x) for x in t.serial])
-        reused = trip_bound(reuse)
-        if any(c is None for c in counts) or reused is None or reused < 2:
-            continue
-        panels = counts[0] if panel else 1
-        depth = 1
-        for c in counts[1 if panel else 0:]:
-            assert c is not None
-            depth *= c
-        assert panels is not None
-        itemsize = T.bits(f.tensors[r.tensor].dtype) // 8
-        # a block per thread larger than PACK_MAX_BYTES packs only as the whole operand, once per
-        # call (below); a gathered read packs once per call, on the heap: any size
-        per_thread_fits = panels * depth * width * itemsize <= PACK_MAX_BYTES
-        serial = tuple(g.var for g in t.serial)
-        if gathered:
-            # the panels are the same for every iteration of the loops around them, whose bounds
-            # they do not read: one copy before the parallel loops, read by every thread
-            outside = path[:next(k for k, x in enumerate(path) if x is reuse) + 1]
-            if not any(x.var in moves for x in outside) and \
-                    not any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in bounds):
-                return path[0], LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "",
-                                      serial, width, panels, depth, (), shared=True, box=box or (), call=t.call)
-            # packed per thread instead, a padded conv's boundary pieces ran 0.975x as fast
-            continue
-        inner = t.serial[-1]
-        along = [i for i, a in args.items() if inner.var in expr_vars(a)]
-        stride = vecexpr.elem_step(f, r.tensor, subs, along[0]) if len(along) == 1 else None
-        if stride is None or not f.target.panel_conflicts(abs(stride) * itemsize, trip_bound(inner) or 0):
-            continue
-        pack = LPack(buffer, r.tensor, t.call.stmt, pos, panel[0].var if panel else "", serial, width, panels,
-                     depth, (), call=t.call)
-        whole = _whole_operand(pack, path, reuse, moves, bounds, f.target.shared_pack_bytes, itemsize)
-        if whole is not None:
-            return path[0], whole
-        if per_thread_fits and not reuse.omp:  # (a parallel reuse loop: each thread would copy it all)
-            return reuse, pack
-    return None
-
-
-BOX_MAX_VALUES = 4096  # the assignments enumerated to find one serial loop's range (_box)
-
-
-def _box(t: LTile, path: tuple[LFor, ...], subs: tuple[object, ...],
-         args: dict[str, LExpr]) -> tuple[tuple[int, int], ...] | None:
-    """(first, count) covering every value of each serial loop of ``t``, where some of their bounds
-    read loops of ``path`` (a boundary piece's reductions, ``kh <= h``); None where none do, a range
-    is not found, or a subscript of the read moves with two serial loops (a point of the box could
-    then read outside the tensor: with one each, every subscript value the box reads is one that
-    some iteration reads)."""
-    serial = {g.var for g in t.serial}
-    if not any((expr_vars(g.init) | expr_vars(g.cond) - {g.var}) - serial for g in t.serial):
-        return None
-    for x in subs:
-        if not isinstance(x, Sym):
-            return None
-        moved = set().union(*(expr_vars(args[i]) for i in x.indices())) if x.indices() else set()
-        if len(moved & serial) > 1:
-            return None
-    out = []
-    for k, g in enumerate(t.serial):
-        envs = loop_values((*path, *t.serial[:k + 1]), {g.var}, limit=BOX_MAX_VALUES)
-        if not envs:
-            return None
-        values = [e[g.var] for e in envs]
-        out.append((min(values), max(values) - min(values) + 1))
-    return tuple(out)
-
-
-def _whole_operand(pack: LPack, path: tuple[LFor, ...], reuse: LFor, moves: set[str], bounds: list[LFor],
-                   most: int, itemsize: int) -> LPack | None:
-    """``pack`` made one copy of the whole operand per call, before the parallel loops, where
-    loops outside its reuse that do not move the read would otherwise copy the same panels again
-    (matmul's row blocks: each packed all of B's panels for its cache tile), the loops outside it
-    that move the read (the column blocks, the reduction's chunks) becoming dimensions of the
-    buffer. Only for loops of constant bounds, and an operand of at most ``most`` bytes (the
-    target's ``shared_pack_bytes``). AVX2 on 2 threads, paired interleaved rounds against torch,
-    per-thread packs -> this: matmul 1024^3 1.020x -> 1.088x and 1.074x -> 1.112x (best rounds
-    195 -> 207 GFLOP/s), 960x1088x1000 1.004x -> 1.065x, A*B^T 1024^3 0.909x -> 0.954x, FC
-    128x1024 -> 1024 1.094x -> 1.115x."""
-    outside = path[:path.index(reuse)]
-    chunks = [x for x in outside if x.var in moves]
-    # (a parallel reuse loop copies the panels again in each of its iterations: the register
-    # tiles' rows, one tile per cache tile, transform's rows of a contraction packed once)
-    again = [x for x in outside if x.var not in moves] + ([reuse] if reuse.omp else [])
-    if not any((trip_bound(x) or 0) > 1 for x in again):
-        return None
-    fixed = {x.var for x in again} | {reuse.var}
-    if any(expr_vars(x.init) | expr_vars(x.cond) - {x.var} for x in chunks) or \
-            any((expr_vars(x.init) | expr_vars(x.cond) - {x.var}) & fixed for x in bounds):
-        return None
-    dims = []
-    for x in chunks:
-        first, trips = expr_value(x.init, {}), trip_count(x)
-        if first is None or trips is None or trips < 1:
-            return None
-        dims.append((x.var, first, x.step, trips))
-    elements = math.prod(d[3] for d in dims) * pack.panels * pack.depth * pack.width
-    if elements * itemsize > most:
-        return None
-    return replace(pack, shared=True, chunks=tuple(dims), parallel=any(x.omp for x in path))
-
-
-# ---- fuse ----
-FUSE_MIN_TRIPS = 32  # the shared loops' iterations: at least this many (for the threads to share)
-
-
-def fuse_pieces(ir: LoopIR, f: Facts) -> LoopIR:
-    """Consecutive top-level nests of one statement whose outermost loops are the same parallel
-    output loops (the pieces polyhedral.split cuts from a padded conv: its boundary columns and its
-    interior, each row) run those loops once, each nest's rest in turn inside them, so a boundary
-    column runs on the input rows the interior reads for the same output row, not in a pass over
-    the whole input of its own; their shared packs go before the fused nest. Legal where the
-    statement reads nothing it writes: updates of different elements then do not depend on each
-    other, and an element's updates in either nest run in the same iteration of the shared loops
-    (their output subscripts in those loops are the same), in the order the nests had."""
-    out: list[LNode] = []
-    for n in ir.body:
-        fused = _fuse(out[-1], n, f) if out else None
-        if fused is not None:
-            out[-1] = fused
-        else:
-            out.append(n)
-    return ir if len(out) == len(ir.body) else replace(ir, body=tuple(out))
-
-
-def _peel(n: LNode) -> tuple[list[LPack], LFor] | None:
-    """The shared packs around a nest (outermost first) and its root loop."""
-    packs: list[LPack] = []
-    while isinstance(n, LPack) and n.shared and len(n.body) == 1:
-        packs.append(n)
-        n = n.body[0]
-    return (packs, n) if isinstance(n, LFor) else None
-
-
-def _fuse(a: LNode, b: LNode, f: Facts) -> LNode | None:
-    pa, pb = _peel(a), _peel(b)
-    if pa is None or pb is None:
-        return None
-    calls = [[x for x in walk((root,)) if isinstance(x, LCall)] for root in (pa[1], pb[1])]
-    names = {c.stmt for cs in calls for c in cs}
-    if len(names) != 1 or not all(calls):
-        return None
-    name = names.pop()
-    st = f.scop.stmt(name)
-    s = f.scop.tc_statement(name)
-    if st.kind != "update" or any(r.tensor == s.tensor for r in reads(s.rhs)):
-        return None
-    shared = _shared_loops(pa[1], pb[1], lambda la, lb: (
-        (la.var, la.init, la.cond, la.step) == (lb.var, lb.init, lb.cond, lb.step) and la.parallel and lb.parallel
-        and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll)))
-    if not shared:
-        return None
-    trips = [trip_count(x) for x, _ in shared]
-    if any(t is None for t in trips) or math.prod(t or 0 for t in trips) < FUSE_MIN_TRIPS:
-        return None
-    # the shared loops move output subscripts only, the same ones in both nests, each a function
-    # of the shared loops alone (so an element's updates sit in one iteration of them)
-    outer = {x.var for x, _ in shared}
-    args = [dict(zip(st.indices, c.args)) for cs in calls for c in cs]
-    for i in st.indices:
-        moved = [a[i] for a in args if expr_vars(a[i]) & outer]
-        if moved and (i not in s.lhs or len(set(moved)) != 1 or len(moved) != len(args)
-                      or not expr_vars(moved[0]) <= outer):
-            return None
-    body = shared[-1][0].body + shared[-1][1].body
-    # a piece too small for threads of its own (astgen.SERIAL_BELOW) takes the other's parallel loop
-    second = not any(x.omp for x, _ in shared) and any(y.omp for _, y in shared)
-    for x, y in reversed(shared):
-        body = (replace(x, body=body, omp=(y if second else x).omp, collapse=(y if second else x).collapse),)
-    node: LNode = body[0]
-    for p in reversed(pa[0] + pb[0]):
-        node = replace(p, body=(node,))
-    return node
-
-
-# ---- siblings ----
-def fuse_siblings(ir: LoopIR, f: Facts) -> LoopIR:
-    """Two top-level nests of different statements whose outer loops are the same (bounds, steps,
-    parallel or serial) and that read a tensor in common run those loops once, each nest's rest in
-    turn inside them, so the common tensor comes from memory once: layernorm's backward sums d_Y
-    down its columns for the gain's gradient and for the bias's, in two nests of the same tiles.
-    Legal where neither nest writes what the other reads or writes, and the later nest, which moves
-    up to the earlier, neither writes what the nests between them read or write nor reads what they
-    write: then no dependence joins them, and any interleaving of their iterations computes the
-    same values. Temporaries that share a buffer (the share pass) stay where they are."""
-    body = list(ir.body)
-    touched = [_touches(n, f) for n in body]  # (reads, writes) of each top-level node
-    sharing = {x for t, o in ir.owners if t != o for x in (t, o)}
-    i = 0
-    while i < len(body):
-        j = i + 1
-        while j < len(body):
-            fused = _sibling(body[i], body[j], touched[i:j + 1], sharing)
-            if fused is None:
-                j += 1
-            else:
-                body[i] = fused
-                touched[i] = (touched[i][0] | touched[j][0], touched[i][1] | touched[j][1])
-                del body[j], touched[j]
-        i += 1
-    return ir if len(body) == len(ir.body) else replace(ir, body=tuple(body))
-
-
-def _touches(n: LNode, f: Facts) -> tuple[set[str], set[str]]:
-    """The tensors a nest reads and those it writes (statements' targets; the tensors of packs,
-    resets and transposes count as both)."""
-    rd: set[str] = set()
-    wr: set[str] = set()
-    for x in walk((n,)):
-        calls = [x] if isinstance(x, LCall) else [c for c in (getattr(x, "call", None),) if isinstance(c, LCall)]
-        for c in calls:
-            st = f.scop.tc_statement(c.stmt)
-            wr.add(st.tensor)
-            rd.update(r.tensor for r in reads(st.rhs))
-        for name in (getattr(x, "tensor", None), getattr(x, "owner", None), getattr(x, "source", None)):
-            if isinstance(name, str) and not isinstance(x, LDecl):
-                rd.add(name)
-                wr.add(name)
-    return rd, wr
-
-
-def _sibling(a: LNode, b: LNode, touched: list[tuple[set[str], set[str]]], sharing: set[str]) -> LNode | None:
-    """``a`` and ``b`` run once in their shared loops, or None; ``touched``: what ``a``, the nodes
-    between them and ``b`` read and write, in order."""
-    if not (isinstance(a, LFor) and isinstance(b, LFor)):
-        return None
-    (ra, wa), (rb, wb) = touched[0], touched[-1]
-    if not ra & rb or wa & (rb | wb) or wb & ra or (ra | wa | rb | wb) & sharing:
-        return None
-    if any(wm & (rb | wb) or wb & rm for rm, wm in touched[1:-1]):
-        return None
-    shared = _shared_loops(a, b, lambda la, lb: (
-        (la.var, la.init, la.cond, la.step, la.parallel, la.omp, la.collapse)
-        == (lb.var, lb.init, lb.cond, lb.step, lb.parallel, lb.omp, lb.collapse)
-        and not (la.simd or lb.simd or la.hoist or lb.hoist or la.unroll or lb.unroll or la.tile or lb.tile
-                 or la.vector is not None or lb.vector is not None or la.private or lb.private)))
-    if not shared:
-        return None
-    inner = shared[-1][0].body + shared[-1][1].body
-    for x, _ in reversed(shared):
-        inner = (replace(x, body=inner),)
-    return inner[0]
-
-
-def _shared_loops(a: LFor, b: LFor, same: Callable[[LFor, LFor], bool]) -> list[tuple[LFor, LFor]]:
-    """The loops two nests can run once, from their roots down: pairs for which ``same`` holds,
-    each below the previous pair as the only node of both bodies."""
-    shared: list[tuple[LFor, LFor]] = []
-    la, lb = a, b
-    while same(la, lb):
-        shared.append((la, lb))
-        if not (len(la.body) == 1 and len(lb.body) == 1 and isinstance(la.body[0], LFor)
-                and isinstance(lb.body[0], LFor)):
-            break
-        la, lb = la.body[0], lb.body[0]
-    return shared
-
-
 # ---- split ----
 def split_tiles(ir: LoopIR, f: Facts) -> LoopIR:
     """A compiler-vectorised tile loop whose constant trip count is not a whole number of vectors
@@ -946,118 +468,6 @@ def unroll(ir: LoopIR, f: Facts) -> LoopIR:
         return replace(n, unroll=trips, body=rewrite(n.body, visit))
 
     return replace(ir, body=rewrite(ir.body, visit))
-
-
-# ---- parallel ----
-def collapse(ir: LoopIR, f: Facts) -> LoopIR:
-    """An `omp parallel for` loop with few iterations (three 48-row tiles of a 128-row product left
-    one of two threads idle a third of the time) shares its threads with the parallel loop
-    inside it, where the nest is perfect and rectangular, as `collapse(2)` requires.
-
-    Not with a loop whose iterations all write into the same cache lines (a padded conv's boundary
-    columns, one to a few wide: in each row, each column writes next to the others): shared among
-    the threads, two threads write the same lines at once, and the lines move from core to core at
-    each write. Such a loop trades places with the parallel loop inside it (both parallel: any
-    order is legal), which the threads share instead, each running the columns of its rows in
-    turn; where there is none, the threads share the outer loop alone. AVX-512, 2 threads, the 5x5
-    conv padded by 2 (8x16x32x32, 32 filters), its two boundary column pieces timed one by one in 5
-    fresh processes each: 0.059-0.080 ms -> 0.047-0.051 ms each (0.17-0.22 ms before in runs where
-    the machine was loaded); the whole forward, interleaved 15 rounds, faster in 12/15 (AVX-512)
-    and 14/15 (AVX2), the stem's in 15/15 and 11/15, the derived backward defs even."""
-
-    def visit(n: LNode) -> LNode | None:
-        if not (isinstance(n, LFor) and n.omp and _collapsible(n)):
-            return None
-        if _shares_lines(n.body[0], f):  # (n.body[0]: an LFor, _collapsible)
-            n = _interchanged(n)
-            if not _collapsible(n) or _shares_lines(n.body[0], f):
-                return replace(n, body=rewrite(n.body, visit))
-        return replace(n, collapse=True, body=rewrite(n.body, visit))
-
-    return replace(ir, body=rewrite(ir.body, visit))
-
-
-def fine_chunks(ir: LoopIR, f: Facts) -> LoopIR:
-    """An `omp parallel for` loop around register tiles hands its iterations out in fine chunks
-    (codegen.c's ``tc_chunk``: about 32 a thread, against 8 for other loops): a tile's work is
-    large against a chunk's cost, and the last chunks leave little to wait for (AVX2 FC 128x1024
-    -> 1024 in 171 row tiles of 6 rows, paired rounds on 2 threads: chunks of 2 tiles 1.04x
-    against chunks of 10). A loop that streams its rows through memory keeps long chunks: the
-    prefetchers follow each thread's run of rows (the forward of layernorm 1500x1000 on fresh
-    inputs each call, 2 threads, interleaved rounds: chunks of 23 rows 0.43-0.45 ms, of 94 rows
-    0.36 ms; on one thread the two ran alike)."""
-
-    def visit(n: LNode) -> LNode | None:
-        if not (isinstance(n, LFor) and n.omp):
-            return None
-        return replace(n, fine=True) if any(isinstance(m, LTile) for m in walk(n.body)) else n
-
-    return replace(ir, body=rewrite(ir.body, visit))
-
-
-def parallel(ir: LoopIR, f: Facts) -> LoopIR:
-    """The threads' share of the work: ``collapse``, then ``fine_chunks``."""
-    return fine_chunks(collapse(ir, f), f)
-
-
-LINE_BYTES = 64  # a cache line: two threads writing into one line at once move it between their cores
-
-
-def _shares_lines(m: LNode, f: Facts) -> bool:
-    """Whether every iteration of loop ``m`` writes into the lines of the others: some statement
-    inside writes an element that ``m``'s whole range moves by LINE_BYTES or less (and that a step
-    moves at all), a boundary column one to a few elements wide. (A loop whose writes are further
-    apart, a weight gradient's channels, 36 bytes apart, each summed at length and written once,
-    keeps sharing its iterations among the threads.)"""
-    trips = trip_bound(m) if isinstance(m, LFor) else None
-    if not isinstance(m, LFor) or not trips:
-        return False
-    for x in walk(m.body):
-        if not isinstance(x, LCall):
-            continue
-        s = f.scop.tc_statement(x.stmt)
-        if s.tensor not in f.in_memory:
-            continue
-        args = dict(zip(f.scop.stmt(x.stmt).indices, x.args))
-        subs = [args[i] for i in s.lhs]
-        start = {v: 0 for e in subs for v in expr_vars(e)}
-        moved: list[int] = []
-        for e in subs:
-            a, b = expr_value(e, start), expr_value(e, {**start, m.var: m.step})
-            if a is not None and b is not None:
-                moved.append(int(b) - int(a))
-        if len(moved) != len(subs):
-            continue
-        step = sum(st * d for st, d in zip(f.strides[s.tensor], moved))
-        if 0 < abs(step) * T.bits(f.tensors[s.tensor].dtype) // 8 * trips <= LINE_BYTES:
-            return True
-    return False
-
-
-def _interchanged(n: LFor) -> LFor:
-    """``n`` with the loop inside it and the one inside that swapped, where both are parallel,
-    perfectly nested and neither's bounds read the other (else ``n`` itself)."""
-    m = n.body[0]
-    if not (isinstance(m, LFor) and len(m.body) == 1 and isinstance(m.body[0], LFor)):
-        return n
-    m2 = m.body[0]
-    plain = all(x.parallel and not (x.simd or x.omp or x.hoist or x.unroll or x.tile or x.private)
-                and x.vector is None and x.step > 0 for x in (m, m2))
-    if not plain or m.var in expr_vars(m2.init) | expr_vars(m2.cond) or \
-            m2.var in expr_vars(m.init) | expr_vars(m.cond):
-        return n
-    return replace(n, body=(replace(m2, body=(replace(m, body=m2.body),)),))
-
-
-def _collapsible(n: LFor) -> bool:
-    trips = trip_count(n)
-    if trips is None or trips >= COLLAPSE_BELOW or len(n.body) != 1 or not isinstance(n.body[0], LFor):
-        return False
-    m = n.body[0]
-    return (m.parallel and not m.simd and not m.omp and m.step > 0
-            and n.var not in expr_vars(m.init) | expr_vars(m.cond)
-            and any(isinstance(b, LOOPS) for b in m.body)  # no unroll pragma on m
-            and not m.hoist)
 
 
 PASSES: tuple[tuple[str, Pass], ...] = (

@@ -226,7 +226,7 @@ def vexpr(em: ExprEmitter, e: TExpr, env: dict[str, str], s: Statement, row: str
     assert isinstance(e, Read)
     if e.conditional:  # vector_expr's _in_range: the unconditional read's element, unchecked
         e = replace(e, conditional=False)
-    if id(e) in em.packed and lane is not None:  # codegen.lower's pack pass: from the panels
+    if id(e) in em.packed and lane is not None:  # codegen.pack's pack pass: from the panels
         at = f"{em.packed[id(e)]}{lane}]"
         return _named(f"{h}_load(&{at})", True, loads)
     at = em._read(e, env, s)

@@ -50,7 +50,7 @@ class CpuTarget:
         """Whether ``rows`` lines ``stride`` bytes apart (a register tile's operand panel read from
         the caller's memory) take more than half the ways of the L1 sets they fall into (the rest
         hold the other operand and the output), on a target whose vectors are at most half a line
-        (codegen.lower packs such panels). Measured on Zen 4, AVX2: matmul 1024^3 (4 KiB rows, one
+        (codegen.pack packs such panels). Measured on Zen 4, AVX2: matmul 1024^3 (4 KiB rows, one
         set) 101 -> 143 GFLOP/s packed on 2 threads; 960x1000x1088 (68 lines apart: 16 sets of 8
         rows, all their ways) 1 thread 26-33 -> 21 ms; AVX-512 (whole-line vectors) 1024^3 200 ->
         187 on 2 threads, 960x1000x1088 20.5 ms either way on one, so it is left alone."""
@@ -61,7 +61,7 @@ class CpuTarget:
 
     @property
     def shared_pack_bytes(self) -> int:
-        """The largest operand codegen.lower packs whole, once per call for every thread, rather
+        """The largest operand codegen.pack packs whole, once per call for every thread, rather
         than in blocks per thread (each row block copying its panels again): SHARED_PACK_BYTES, or a
         quarter of L3 where that is more. The bound is the copy's memory, not the cache: on Zen 1
         (8 MiB L3, AVX2, 2 threads) whole copies larger than L3 still ran faster than per-thread

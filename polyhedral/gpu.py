@@ -25,6 +25,7 @@ from tcdsl.core.options import MappingOptions
 
 from . import astgen
 from .deps import Deps
+from .distribute import distribute
 from .loopir import (
     LCall,
     LCopy,
@@ -45,7 +46,6 @@ from .loopir import (
 )
 from .schedule import check_legal
 from .scop import Scop
-from .transform import _distribute
 
 DEFAULT_TILE = (32, 32, 32)  # TC's naive mapping options
 DEFAULT_BLOCKS = (256, 256)
@@ -160,7 +160,7 @@ def split_serial(sched: isl.Schedule, deps: Deps) -> isl.Schedule:
         node = root
         for i in path:
             node = node.child(i)
-        done = _distribute(node, deps)
+        done = distribute(node, deps)
         if done is not None:
             root = done.root()
     return root.get_schedule()

@@ -25,7 +25,7 @@ import islpy as isl
 from .deps import Deps, respects
 from .scop import Scop
 
-BOUNDARY_MARK = "boundary_piece"  # above each boundary piece's band (transform.plan may run it along another member)
+BOUNDARY_MARK = "boundary_piece"  # above each boundary piece's band (tileplan.plan may run it along another member)
 MAX_PIECES = 27  # three split output indices (a 3-d stencil); beyond, the statement keeps its guards
 
 

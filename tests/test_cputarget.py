@@ -21,7 +21,8 @@ from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcArgumentError
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget
-from tcdsl.polyhedral.transform import MemberInfo, plan
+from tcdsl.polyhedral.members import MemberInfo
+from tcdsl.polyhedral.tileplan import plan
 from tcdsl.tuner import space as S
 
 try:

@@ -20,7 +20,7 @@ import pytest
 import tcdsl as tc
 from tcdsl.arguments import c_ready, coerce_inputs
 from tcdsl.codegen import c as cgen
-from tcdsl.codegen import lower, toolchain
+from tcdsl.codegen import lower, pack, toolchain
 from tcdsl.compiler import CKernel
 from tcdsl.core.instance import bind_sizes
 from tcdsl.errors import TcRuntimeError
@@ -154,7 +154,7 @@ def test_a_transposed_operand_is_packed_straight_from_its_source(
     assert "transpose S1 in blocks" not in text  # X_t(r_m, x) = X(x, r_m): copied by the pack alone
     got = k(I, W, Bs)
     scalar = _without_vectors(monkeypatch, tmp_path, FC, [I, W, Bs])  # the scalar tile reads the source too
-    monkeypatch.setattr(lower, "_foldable", lambda *a: False)
+    monkeypatch.setattr(pack, "_foldable", lambda *a: False)
     two_passes = tc.define(FC)
     assert "transpose S1 in blocks" in str(two_passes.lowered(I, W, Bs).passes[-1][1])
     np.testing.assert_array_equal(got, two_passes(I, W, Bs))
@@ -194,7 +194,7 @@ def test_a_transposed_operand_in_column_blocks_is_packed_straight_from_its_sourc
     assert "transposed from B (its transpose into B_t folded here)" in text and "// transpose" not in text
     got = k(A, B)
     scalar = _without_vectors(monkeypatch, tmp_path, abt, [A, B])
-    monkeypatch.setattr(lower, "_foldable", lambda *a: False)
+    monkeypatch.setattr(pack, "_foldable", lambda *a: False)
     two_passes = tc.define(abt)
     assert "transpose S1 in blocks" in str(two_passes.lowered(A, B).passes[-1][1])
     np.testing.assert_array_equal(got, two_passes(A, B))

@@ -99,7 +99,7 @@ def test_the_interior_is_tiled_as_an_unpadded_convolution() -> None:
     interior = [line for line in loops.splitlines() if "register tile of S1" in line]
     assert any("x38" in line for line in interior), interior  # whole 38-wide interior rows (w in 1..38)
     # the one-wide boundary columns run in one vector of the 16 filters x rows of the column, the
-    # weights packed (polyhedral.transform.plan), not along the height gathered
+    # weights packed (polyhedral.tileplan.plan), not along the height gathered
     assert any("x16 register tile" in line and "1x16 lanes per row along f" in line
                and re.search(r"\bc\d+ not unrolled", line) for line in interior), interior
     assert not any("along h" in line for line in interior), interior

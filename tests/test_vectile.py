@@ -22,9 +22,9 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
-from tcdsl.codegen import cpack, lower, toolchain, vecisa, vecloop
+from tcdsl.codegen import cpack, lower, pack, toolchain, vecisa, vecloop
 from tcdsl.options import MappingOptions
-from tcdsl.polyhedral import cputarget, transform
+from tcdsl.polyhedral import cputarget, tileplan
 
 try:
     from targets import runnable
@@ -226,9 +226,9 @@ def test_conv_in_channel_vectors(shape: tuple, target: cputarget.CpuTarget) -> N
     passes = str(k.lowered(I, Wt).passes[-1][1])
     lanes = target.lanes("float32")
     cols = W - 2
-    idle = cols < transform.FILLED_ROWS * lanes * -(-cols // lanes)
-    vectors = any(F % (v * lanes) == 0 for v in transform.CHANNEL_VECTORS) or \
-        F == lanes and C * 9 >= transform.ONE_VECTOR_STEPS and cols <= 2 * lanes  # one vector of them
+    idle = cols < tileplan.FILLED_ROWS * lanes * -(-cols // lanes)
+    vectors = any(F % (v * lanes) == 0 for v in tileplan.CHANNEL_VECTORS) or \
+        F == lanes and C * 9 >= tileplan.ONE_VECTOR_STEPS and cols <= 2 * lanes  # one vector of them
     if (target.accumulators < 16 or idle) and vectors and F <= 64:
         assert "lanes per row along f" in passes and "once for every thread" in passes, passes
         assert "#pragma GCC unroll 1" in src and "tc_vf_load(&tc_pk0_at[" in src
@@ -253,7 +253,7 @@ def test_a_padded_convs_columns_take_the_channel_form_where_the_filters_fill_vec
         filters: int, target: cputarget.CpuTarget) -> None:
     """A padded conv's boundary columns whose filters fill whole vectors run in channel vectors x
     rows, the weights packed, not down the column with its rows gathered: in one vector of channels
-    where the filters fill exactly one (8 on AVX2, 16 on AVX-512: polyhedral.transform.plan), in two
+    where the filters fill exactly one (8 on AVX2, 16 on AVX-512: polyhedral.tileplan.plan), in two
     where they fill two. Against numpy, and bit for bit against the scalar code."""
     N, C, H, W, F = 2, 8, 20, 20, filters
     lanes = target.lanes("float32")
@@ -281,7 +281,7 @@ def test_a_conv_whose_channel_planes_alias_in_l1_takes_one_vector_of_channels(
     """A conv in channel vectors whose output planes are 4 KiB apart (32x32 float32, from 34x34
     inputs) takes one vector of channels x the budget's columns, so that a tile's scattered stores
     stay in one L1 set's ways; 30x30 planes keep all the channels in one tile (4 vectors of 8 on
-    AVX2: polyhedral.transform.ALIAS_BYTES). Against numpy, and bit for bit against the scalar code."""
+    AVX2: polyhedral.tileplan.ALIAS_BYTES). Against numpy, and bit for bit against the scalar code."""
     N, C, F = 2, 16, 32
     k = tc.define(CONV)
     rng = np.random.default_rng(7)
@@ -335,7 +335,7 @@ STRIDED_PADDED_CONV = """def convsp(float(N,C,H,W) I, float(F,C,KH,KW) W1) -> (O
 def test_a_strided_padded_convs_narrow_interior_runs_in_channel_vectors(target: cputarget.CpuTarget) -> None:
     """A padded conv's interior whose rows are narrower than one float32 vector (a stride-2 conv of
     28 columns padded by 1: 13 of its 14 output columns, read two apart) runs in vectors of its
-    filters on every target, as the unpadded conv does (polyhedral.transform.plan); on AVX-512 it
+    filters on every target, as the unpadded conv does (polyhedral.tileplan.plan); on AVX-512 it
     kept its rows, with no vector form at all. Against numpy, and bit for bit against the scalar code."""
     N, C, H, W, F = 2, 32, 28, 28, 32
     k = tc.define(STRIDED_PADDED_CONV)
@@ -1412,7 +1412,7 @@ def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch
     """On AVX2 (16-lane panels, half a line per vector) a matmul with several row blocks packs the
     whole of B once per call, before the parallel loops, the column blocks becoming dimensions of
     the buffer (the last cut short in the second and third shapes; the reduction runs unchunked,
-    transform.plan's deep chunks): the numbers of numpy, and the bits of the per-thread packs and
+    tileplan.plan's deep chunks): the numbers of numpy, and the bits of the per-thread packs and
     of a whole copy read by a parallel loop of row tiles."""
     monkeypatch.setenv("TCDSL_CPU", "avx2")
     M, K, N = shape
@@ -1439,7 +1439,7 @@ def test_whole_operand_packed_once(shape: tuple, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize("M", [40, 300])
 def test_packed_whole_reduces_in_deep_chunks(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """AVX2: an operand packed whole once per call (several row blocks) lets the reduction run
-    unchunked up to 1024 terms (transform.plan); one row block keeps chunks of 128, first from the
+    unchunked up to 1024 terms (tileplan.plan); one row block keeps chunks of 128, first from the
     identity. The numbers of numpy either way."""
     monkeypatch.setenv("TCDSL_CPU", "avx2")
     K, N = 700, 256
@@ -1465,7 +1465,7 @@ def test_panels_too_large_for_a_thread_pack_whole(monkeypatch: pytest.MonkeyPatc
     A, B = ((rng.random(s) * 2 - 1).astype(np.float32) for s in ((M, K), (K, N)))
     k = tc.define(MATMUL)
     deep = MappingOptions(tile=(66, 512, 320))  # 32 panels x 320 steps x 16 floats: 640 KiB a block
-    assert 32 * 320 * 16 * 4 > lower.PACK_MAX_BYTES
+    assert 32 * 320 * 16 * 4 > pack.PACK_MAX_BYTES
     loops = str(k.lowered(A, B, options=deep).passes[-1][1])
     assert "pack B" in loops and "copied by all threads" in loops, loops
     assert_close(k(A, B, options=deep), _mm(A, B), terms=K, scale=abs_terms(_mm, A, B))
