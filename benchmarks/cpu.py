@@ -15,7 +15,9 @@ fractions of the targets compare medians from the same rounds).
 Its compute-bound counterpart is the float32 FMA peak (a C loop of independent vector multiply-adds
 in registers, built by tcdsl's toolchain, best before and after the kernels): the compute table
 gives each contender's GFLOP/s, tcdsl's fraction of the peak and the fastest time the peak allows.
-The closing "targets" section says which of issue 3's performance targets are met.
+The closing "targets" section says which performance targets are met, judged on the medians, with
+the median of the rounds' own ratios and its distribution-free 95% interval (the order statistics
+of a sign test): where that interval holds the target, the verdict rests on the host's noise.
 With --tune SECONDS each kernel is autotuned for that long; its tuned options are then timed against
 the defaults in 20 interleaved rounds of their own, printed beside the tuner's own keep-or-drop decision.
 
@@ -83,6 +85,7 @@ from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 import tcdsl as tc  # noqa: E402
 from tcdsl import bench  # noqa: E402
 from tcdsl.options import MappingOptions  # noqa: E402
+from tcdsl.tuner.decide import median_interval  # noqa: E402
 
 F32 = np.float32
 RTOL = 1e-4  # max |tcdsl - numpy| / max |numpy|; float32 sums of <= 1024 terms stay far below this
@@ -316,6 +319,7 @@ class Result:
     # contender -> the median over rounds of its time / tcdsl's in the same round: a slow spell of
     # the host that spans a round slows both sides of its ratio alike
     paired: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # contender -> seconds per round
     rounds: int = 0
     compile_s: float | None = None
     rel_err: float | None = None
@@ -721,6 +725,7 @@ def run_case(case: Case, rng: np.random.Generator, torch: Any, timpl: dict[str, 
         gc.enable()
     res.times = {k: statistics.median(v) for k, v in samples.items()}
     res.best = {k: min(v) for k, v in samples.items()}
+    res.samples = samples
     if "tcdsl" in samples:
         res.paired = {k: statistics.median(a / b for a, b in zip(v, samples["tcdsl"])) for k, v in samples.items()}
     res.rounds = rounds
@@ -741,6 +746,18 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 def fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
+
+
+def interval_text(r: Result, against: str, base: str, thr: float) -> str:
+    """The 95% interval of the median of the rounds' own ratios (``against`` time / ``base`` time
+    in each round), and whether it holds the target: the verdict then rests on the host's noise."""
+    pairs = [a / b for a, b in zip(r.samples.get(against, []), r.samples.get(base, []))]
+    got = median_interval(pairs)
+    if got is None:
+        return ""
+    lo, hi = got
+    return f"; 95% interval of the paired median {lo:.2f}-{hi:.2f}x" + \
+        (", which holds the target: within this run's noise" if lo <= thr <= hi else "")
 
 
 def table(results: list[Result]) -> None:
@@ -985,7 +1002,7 @@ def tuned_table(results: list[Result], tune_s: float, population: int) -> None:
             continue
         x, xb = (ratio(t.get(against), t.get(TUNED)) for t in (r.times, r.best))
         verdict = "met" if x is not None and x >= thr else "NOT met"
-        print(f"- {what}: {verdict} ({fmt_ratio(x)}; best-of {fmt_ratio(xb)})")
+        print(f"- {what}: {verdict} ({fmt_ratio(x)}; best-of {fmt_ratio(xb)}{interval_text(r, against, TUNED, thr)})")
     print()
 
 
@@ -1018,7 +1035,8 @@ def targets(results: list[Result], have_torch: bool) -> None:
         else:
             x, xb = (triad_fraction(r, t) if against == "triad" else ratio(t.get(against), t.get("tcdsl"))
                      for t in (r.times, r.best))
-            paired = f"; paired rounds {r.paired[against]:.2f}x" if against != "triad" and against in r.paired else ""
+            paired = f"; paired rounds {r.paired[against]:.2f}x{interval_text(r, against, 'tcdsl', thr)}" \
+                if against != "triad" and against in r.paired else ""
             verdict = "n/a" if x is None else \
                 f"{'met' if x >= thr else 'NOT met'} ({x:.2f}x; best-of {xb:.2f}x{paired})"
         print(f"- {what}: {verdict}")

@@ -1,4 +1,4 @@
-"""GPU check (issue 4, section 6): conformance on CUDA against the interpreter, then timings against torch.
+"""GPU check: conformance on CUDA against the interpreter, then timings against torch.
 
 usage: python benchmarks/gpu.py [--backend cuda|opencl] [--quick] [--only NAME[,NAME...]]
                                 [--options JSON] [--reps N] [--budget S] [--json PATH]

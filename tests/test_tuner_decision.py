@@ -17,7 +17,7 @@ import tcdsl as tc
 from tcdsl.options import MappingOptions
 from tcdsl.tuner import tune as T
 from tcdsl.tuner.cache import TuningCache
-from tcdsl.tuner.decide import ALPHA, LOOKS, MARGIN, Pair, decide, sequential, sign_test_p
+from tcdsl.tuner.decide import ALPHA, LOOKS, MARGIN, Pair, decide, median_interval, sequential, sign_test_p
 
 MM = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 
@@ -227,3 +227,24 @@ def test_a_best_faster_in_the_final_rounds_is_kept(db: TuningCache):
     assert result.speedup == pytest.approx(1 / 0.7, rel=0.1)
     assert "kept: won" in result.explain() and "differs from the defaults in:" in result.explain()
     assert k._tuned_for(arrays) == result.options
+
+
+def test_median_interval_is_the_binomial_order_statistics() -> None:
+    # values 1..n: the k-th smallest is k; 95 % intervals from binomial tables
+    for n, j in ((6, 1), (10, 2), (15, 4), (20, 6), (30, 10), (40, 14)):
+        assert median_interval(range(1, n + 1)) == (j, n + 1 - j)
+    assert median_interval(list(range(7, 0, -1))) == (1, 7)  # unsorted input
+    assert median_interval(range(1, 6)) is None and median_interval([]) is None  # too few for 95 %
+    assert median_interval(range(1, 6), level=0.9) == (1, 5)
+
+
+def test_median_interval_covers_the_median_as_often_as_it_says() -> None:
+    rng = np.random.default_rng(3)
+    draws = 4000  # lognormal rounds, skewed as a noisy host's times: the true median is exp(0) = 1
+    hits = 0
+    for _ in range(draws):
+        got = median_interval(rng.lognormal(0.0, 1.0, 15))
+        assert got is not None
+        hits += got[0] <= 1.0 <= got[1]
+    # exact coverage at n = 15 is 1 - 2 P(Bin(15, 1/2) <= 3) = 0.9648; 4000 draws: sd 0.003
+    assert 0.95 <= hits / draws <= 0.98

@@ -45,6 +45,20 @@ def sign_test_p(wins: int, trials: int) -> float:
     return sum(math.comb(trials, k) for k in range(max(wins, 0), trials + 1)) / 2.0**trials
 
 
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of what ``values`` sample (independent draws,
+    such as the ratios of interleaved rounds): the j-th smallest and the j-th largest value, j the
+    largest for which P(Binomial(n, 1/2) < j) <= (1 - ``level``) / 2, so that the interval holds the
+    median with probability at least ``level``. None where too few values allow it (fewer than 6
+    at 0.95)."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    j = 0
+    while j < (n + 1) // 2 and 2 * sign_test_p(n - j, n) <= 1.0 - level:  # P(X <= j) = P(X >= n - j)
+        j += 1
+    return (xs[j - 1], xs[n - j]) if j else None
+
+
 def decide(pairs: Sequence[Pair], alpha: float = ALPHA, margin: float = MARGIN) -> Decision:
     """Keep the tuned options when they won significantly more rounds than the defaults (sign test
     p < ``alpha``; it assumes nothing about the noise but independent rounds, so a few slow outliers
