@@ -35,8 +35,11 @@ _UNSET_MARK = "TCDSL_BENCH_UNSET_BLAS_ENV"  # records, across the re-exec, what 
 
 
 # --peers-isa avx2: numpy's OpenBLAS, torch's ATen and oneDNN kernels limited to AVX2, as on a
-# machine without AVX-512 (run with TCDSL_CPU=avx2 to compare tcdsl's AVX2 code with theirs)
-_PEERS_AVX2 = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# machine without AVX-512 (run with TCDSL_CPU=avx2 to compare tcdsl's AVX2 code with theirs). torch's
+# float32 matmul and linear call MKL's sgemm, which oneDNN's limit does not reach: on a Xeon, torch's
+# 128x1024 -> 1024 linear ran 288 GFLOP/s under the other limits alone, above the AVX2 FMA peak (235)
+_PEERS_AVX2 = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 _PEERS_MARK = "TCDSL_BENCH_PEERS_ISA"
 
 

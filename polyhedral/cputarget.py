@@ -20,6 +20,9 @@ from tcdsl.core.errors import TcArgumentError
 
 LINE, L1_WAYS = 64, 8  # bytes of a cache line; ways of an L1 data cache set
 SHARED_PACK_BYTES = 64 << 20  # an operand packed whole, once per call, may take this much memory
+# A private L2 this large (Intel's server cores since Sapphire Rapids: 2 MiB) sits beside an L3 that
+# feeds one core too slowly for a register tile to stream its panels from it (see l2_panels)
+L2_PANELS_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,21 @@ class CpuTarget:
         set) 101 -> 143 GFLOP/s packed on 2 threads; 960x1000x1088 (68 lines apart: 16 sets of 8
         rows, all their ways) 1 thread 26-33 -> 21 ms; AVX-512 (whole-line vectors) 1024^3 200 ->
         187 on 2 threads, 960x1000x1088 20.5 ms either way on one, so it is left alone."""
-        if self.vector_bytes > LINE // 2 or stride <= 0 or stride % LINE:
+        if (self.vector_bytes > LINE // 2 and not self.l2_panels) or stride <= 0 or stride % LINE:
             return False
         sets = max(1, self.l1d // (LINE * L1_WAYS))
         return 2 * rows * math.gcd(stride // LINE, sets) > sets * L1_WAYS
+
+    @property
+    def l2_panels(self) -> bool:
+        """Whether the packed panels of one reduction chunk stay in L2 (codegen.pack packs the
+        operand whatever the vector width, and the chunk's panels fill at most half of L2) rather than
+        stream from L3 across the whole reduction. On a 2 MiB-L2 Xeon (Sapphire Rapids class, 2
+        threads, interleaved medians against numpy/OpenBLAS): AVX-512 matmul 1024^3 211 -> 300
+        GFLOP/s (unpacked -> packed in chunks of 128 or 256; whole reduction chunks: 184), 960x1088x1000
+        211 -> 295, 128x1024x1024 123 -> 160; AVX2 1024^3 152 -> 190. Zen 3/4 (512 KiB / 1 MiB L2, a
+        fast L3) run the whole reduction faster (AVX2 matmul 1024^3 0.92x -> 1.01x numpy)."""
+        return self.l2 >= L2_PANELS_BYTES
 
     @property
     def shared_pack_bytes(self) -> int:

@@ -319,6 +319,9 @@ class _Band:
                 infos[row].extent > ROW_REGISTER_ONE * ROW_TILES_PER_CACHE_TILE and \
                 infos[contig].extent * infos[red[0]].extent * itemsize <= target.shared_pack_bytes:
             self.deep_red = _pow2_floor(max(self.red_tile, target.l1d * 3 // 4 // (ROW_REGISTER_ONE * itemsize)))
+            if target.l2_panels:  # the chunk's panels in half of L2 (CpuTarget.l2_panels)
+                walked = min(infos[contig].extent, self.contig_tile) * itemsize
+                self.deep_red = max(self.red_tile, min(self.deep_red, _pow2_floor(target.l2 // 2 // walked)))
         # Where the register tiles' rows run straight around their panels of the operand they load
         # along the rows (no blocks of its columns, which would put a loop between them and leave the
         # operand unpacked: AVX2 matmul 1024^3 0.58x), and a cache tile of rows reuses nothing one

@@ -31,11 +31,11 @@ from tcdsl.tuner import space as S
 
 try:
     from defs import DEFS, assert_matches, make_inputs
-    from targets import runnable_of
+    from targets import runnable, runnable_of
 except ImportError:  # run from another directory
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from defs import DEFS, assert_matches, make_inputs
-    from targets import runnable_of
+    from targets import runnable, runnable_of
 
 pytestmark = pytest.mark.cpu
 
@@ -212,6 +212,32 @@ def test_panels_are_packed_where_rows_share_l1_sets(target: str, columns: int, p
     k = tc.define(MM)
     low = k.lowered(np.zeros((96, 1000), np.float32), np.zeros((1000, columns), np.float32), target=target)
     assert ("pack B" in lower.trace(low.passes)) == packed
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_large_l2_holds_each_reduction_chunks_panels(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a 2 MiB L2 (CpuTarget.l2_panels) rows of B 4 KiB apart are packed whatever the vector
+    width, and the reduction runs in chunks whose panels fill half of L2 (1024 columns: 256 steps);
+    with 1 MiB it runs whole (AVX2) or unpacked (AVX-512). The numbers of numpy on the machine's ISAs."""
+    A = np.zeros((96, 1000), np.float32)
+    B = np.zeros((1000, 1024), np.float32)
+    k = tc.define(MM)
+    big, small = (dataclasses.replace(cputarget.preset(isa), l2=size) for size in (2 << 20, 1 << 20))
+    loops = lower.trace(k.lowered(A, B, target=big).passes)
+    assert "pack B" in loops and "+= 256)" in loops, loops
+    loops = lower.trace(k.lowered(A, B, target=small).passes)
+    assert ("pack B" in loops) == (isa == "avx2") and "+= 256)" not in loops, loops
+    if not runnable(isa):
+        pytest.skip(f"this machine runs no {isa} code")
+    monkeypatch.setenv("TCDSL_CPU", isa)
+    monkeypatch.setenv("TCDSL_CPU_CACHES", "l2=2M")
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((96, 1000)).astype(np.float32)
+    B = rng.standard_normal((1000, 1024)).astype(np.float32)
+    assert "+= 256)" in lower.trace(k.lowered(A, B).passes)
+    want = A.astype(np.float64) @ B.astype(np.float64)
+    bound = 2 * 1000 * np.finfo(np.float32).eps * np.abs(A).max() * np.abs(B).max()
+    np.testing.assert_allclose(k(A, B), want, rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("target", ["avx2", "avx512"])
