@@ -19,6 +19,7 @@ from tcdsl.polyhedral.loopir import (
     LInt,
     LNode,
     LoopIR,
+    LOp,
     LPack,
     LTile,
     LTranspose,
@@ -118,15 +119,27 @@ def _fold_transposes(ir: LoopIR, f: Facts) -> LoopIR:
 
 
 def _elements(n: LNode) -> int | None:
-    """The elements the transpose nest ``n`` (``_only_transpose``) copies: its loops' trip counts
-    multiplied (None where one is not constant)."""
-    counts = []
+    """The elements the transpose nest ``n`` (``_only_transpose``) copies: the iterations of its
+    loops, counted through their bounds (a partial last block's ``min(63, 499 - c0)`` included);
+    None where a bound is not a function of the loops outside it."""
+    loops = []
     while isinstance(n, LFor):
-        counts.append(trip_count(n))
+        loops.append(n)
         n = n.body[0]
     assert isinstance(n, LTranspose)
-    counts += [trip_count(n.outer), trip_count(n.inner)]
-    return None if any(c is None for c in counts) else math.prod(c for c in counts if c is not None)
+    *outer, last = (*loops, n.outer, n.inner)
+    envs = loop_values(outer, {f.var for f in outer}, limit=1 << 16)
+    c = last.cond
+    if envs is None or last.step <= 0 or not isinstance(c, LOp) or c.op not in ("<=", "<") or \
+            c.args[0] != LVar(last.var):
+        return None
+    total = 0
+    for env in envs:
+        lo, hi = expr_value(last.init, env), expr_value(c.args[1], env)
+        if lo is None or hi is None:
+            return None
+        total += max((hi - (c.op == "<") - lo) // last.step + 1, 0)
+    return total
 
 
 def _only_transpose(n: LNode) -> LTranspose | None:

@@ -131,9 +131,12 @@ FC = """def fc(float(B,M) I, float(N,M) W, float(N) Bs) -> (O) {
 }"""
 
 
-@pytest.mark.parametrize("shape", [(128, 1024, 1024), (64, 1024, 300), (96, 1024, 64)])  # (B, M, N)
+# (B, M, N), and the caches of the target (a 2 MiB L2 packs a 500-wide operand, whose transpose
+# runs in blocks of 64 rows and a last one of 52)
+@pytest.mark.parametrize("shape,caches", [((128, 1024, 1024), ""), ((64, 1024, 300), ""), ((96, 1024, 64), ""),
+                                          ((96, 500, 900), "l1d=48K,l2=2M")])
 def test_a_transposed_operand_is_packed_straight_from_its_source(
-        shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        shape: tuple[int, int, int], caches: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A layer's operand, laid out transposed for the product (tcdsl.layout) and then packed into
     panels on AVX2, is packed from the operand itself, each panel a blocked transpose of its rows:
     the transpose nest is gone from the IR, and the result has the bits of the kernel that
@@ -143,6 +146,8 @@ def test_a_transposed_operand_is_packed_straight_from_its_source(
     if "avx2" not in _runnable():
         pytest.skip("no AVX2 here")
     monkeypatch.setenv("TCDSL_CPU", "avx2")
+    if caches:
+        monkeypatch.setenv("TCDSL_CPU_CACHES", caches)
     b, m, n = shape
     rng = np.random.default_rng(3)
     I, W, Bs = (rng.standard_normal(s).astype(np.float32) for s in ((b, m), (n, m), (n,)))
