@@ -56,7 +56,8 @@ class CpuTarget:
         (codegen.pack packs such panels). Measured on Zen 4, AVX2: matmul 1024^3 (4 KiB rows, one
         set) 101 -> 143 GFLOP/s packed on 2 threads; 960x1000x1088 (68 lines apart: 16 sets of 8
         rows, all their ways) 1 thread 26-33 -> 21 ms; AVX-512 (whole-line vectors) 1024^3 200 ->
-        187 on 2 threads, 960x1000x1088 20.5 ms either way on one, so it is left alone."""
+        187 on 2 threads, 960x1000x1088 20.5 ms either way on one, so it is left alone, except on a
+        core whose L2 holds a reduction chunk's panels (``l2_panels``)."""
         if (self.vector_bytes > LINE // 2 and not self.l2_panels) or stride <= 0 or stride % LINE:
             return False
         sets = max(1, self.l1d // (LINE * L1_WAYS))

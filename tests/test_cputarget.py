@@ -141,12 +141,15 @@ def test_rows_share_packed_panels_in_equal_tiles() -> None:
     packs its panels, and the row cache tiles grow to share each copy, in eight tiles of nearly
     equal size (1024 rows: 132 each, not 144 and a last one of 16); so do rows 4352 bytes apart
     (1088 columns: 16 sets, all their ways); rows 4160 bytes apart (1040 columns) spread over all
-    the sets, unpacked, in 48-row tiles; AVX-512 vectors, whole lines, never pack."""
+    the sets, unpacked, in 48-row tiles; AVX-512 vectors, whole lines, do not pack, unless the L2
+    holds a reduction chunk's panels (2 MiB: CpuTarget.l2_panels)."""
     avx512 = cputarget.from_features({"-mavx512f"}, "x86_64")
     avx2 = cputarget.named("avx2", avx512)
     assert avx2.panel_conflicts(4096, 128) and avx2.panel_conflicts(4352, 128)
     assert not avx2.panel_conflicts(4160, 128) and not avx2.panel_conflicts(4352, 16)
     assert not avx512.panel_conflicts(4096, 128)
+    wide = dataclasses.replace(avx512, l2=2 << 20)
+    assert wide.panel_conflicts(4096, 128) and not dataclasses.replace(avx512, l2=1 << 20).l2_panels
 
     def rows(t: cputarget.CpuTarget, m: int, n: int) -> int:
         infos = [MemberInfo(0, 1, 1, m, 4 * 1024), MemberInfo(1, 1, 0, n, 4), MemberInfo(0, 1, 1, 1024, 4 * n)]
