@@ -305,6 +305,15 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
                 around[id(n)] = loops
 
     scan(ir.body, frozenset(), ())
+    rows: dict[int, tuple[LFor, frozenset[str]]] = {}  # a simd loop in an `omp` loop's body -> vecloop.plan's rows
+    for n in walk(ir.body):
+        if isinstance(n, LFor) and n.omp:
+            before: set[str] = set()
+            for x in n.body:
+                if isinstance(x, LFor) and x.simd:
+                    rows[id(x)] = (n, frozenset(before))
+                before |= {r.tensor for c in walk((x,)) if isinstance(c, LCall)
+                           for r in reads(f.scop.tc_statement(c.stmt).rhs)}
 
     def visit(n: LNode) -> LNode | None:
         if isinstance(n, LTile):
@@ -325,7 +334,7 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
                 return jammed
         if isinstance(n, LFor) and n.simd:
             f.hoisted = hoisted_reads(n, f)
-            vl = vecloop.plan(f, n)
+            vl = vecloop.plan(f, n, rows.get(id(n)))
             f.hoisted = {}
             return replace(n, vector=vl, vector_text=str(vl)) if vl is not None else None
         return None

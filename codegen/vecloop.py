@@ -55,16 +55,22 @@ class VectorLoop:
     stream: frozenset[str] = frozenset()  # tensors whose whole vectors bypass the caches (streamed)
     prefetch: frozenset[str] = frozenset()  # tensors read along the loop, fetched PREFETCH_BYTES ahead
     masked: bool = False  # the last elements in a masked vector instead (an update in place)
+    # inputs whose elements the next iteration of the `omp` loop around reads, fetched that many bytes
+    # ahead (``_next_rows``), and that loop's variable
+    next_rows: tuple[tuple[str, int], ...] = ()
+    row_loop: str = ""
 
     def __str__(self) -> str:
         last = " + 1 masked" if self.masked else " + 1 overlapping" if self.overlap else ""
         return (f"{self.trips // self.lanes} x {self.lanes} lanes" + last
                 + (f", streaming {', '.join(sorted(self.stream))}" if self.stream else "")
-                + (f", prefetching {', '.join(sorted(self.prefetch))}" if self.prefetch else ""))
+                + (f", prefetching {', '.join(sorted(self.prefetch))}" if self.prefetch else "")
+                + "".join(f", prefetching {t}'s next {self.row_loop} row ({b} bytes ahead)" for t, b in self.next_rows))
 
 
-def plan(em: Facts, n: LFor) -> VectorLoop | None:
-    """The vector form of the simd loop ``n``, or None where it has none."""
+def plan(em: Facts, n: LFor, rows: tuple[LFor, frozenset[str]] | None = None) -> VectorLoop | None:
+    """The vector form of the simd loop ``n``, or None where it has none; ``rows``: the `omp` loop
+    whose body holds ``n`` and the tensors the nests before ``n`` in that body read (``_next_rows``)."""
     if not (em.VECTOR_TILES and em.vectorize and n.simd and not n.omp and n.step == 1 and isinstance(n.init, LInt)):
         return None
     trips = trip_count(n)
@@ -100,7 +106,43 @@ def plan(em: Facts, n: LFor) -> VectorLoop | None:
     stream = frozenset(t for t in written if streamed(em, t))
     large = PREFETCH_BYTES > 0 and _large(em)
     ahead = frozenset(r.tensor for _, s, row in calls for r in _along(em, s, row)) if large else frozenset()
-    return VectorLoop(n, tuple(calls), trips, lanes, overlap and not masked, stream, ahead, masked)
+    after = _next_rows(em, calls, rows) if rows is not None else ()
+    return VectorLoop(n, tuple(calls), trips, lanes, overlap and not masked, stream, ahead, masked, after,
+                      rows[0].var if after and rows is not None else "")
+
+
+NEXT_ROW_LINES = 4  # the next iteration's elements at least this many cache lines ahead (else the lines are the same)
+
+
+def _next_rows(em: Facts, calls: list[tuple[LCall, Statement, str]], rows: tuple[LFor, frozenset[str]]) \
+        -> tuple[tuple[str, int], ...]:
+    """The inputs this loop reads along its row that a nest before it in the same iteration of the
+    `omp` loop around read too (softmax's rows: their maximum first, then the exponentials), with the
+    bytes between an element and the one the loop's next iteration reads. The first nest brought the
+    row into the caches, so this loop finds it there and computes; fetching the next iteration's
+    elements meanwhile overlaps the memory stream with that work, where the hardware's prefetcher
+    stops at the row's end until the next row's first loads. Softmax 4096x1024 on a 2 MiB-L2 Xeon,
+    AVX-512, 2 threads (a hand-built kernel, interleaved): 1.93 -> 1.75 ms and 2.03 -> 1.93 ms
+    one row ahead."""
+    outer, before = rows
+    inputs = {t.name for t in em.c.inputs}
+    out: dict[str, int] = {}
+    for call, s, row in calls:
+        st = em.scop.stmt(call.stmt)
+        args = dict(zip(st.indices, call.args))
+        moving = [i for i, a in args.items() if outer.var in expr_vars(a)]
+        if len(moving) != 1 or not plus_var(args[moving[0]], outer.var):
+            continue
+        for r in reads(s.rhs):
+            subs = tuple(x for x in r.subs if isinstance(x, Sym))
+            if r.tensor not in inputs or r.tensor not in before or len(subs) != len(r.subs) or \
+                    elem_step(em, r.tensor, subs, row) != 1:
+                continue
+            step = elem_step(em, r.tensor, subs, moving[0])
+            nbytes = (step or 0) * outer.step * np.dtype(em.tensors[r.tensor].dtype).itemsize
+            if nbytes >= NEXT_ROW_LINES * 64:
+                out.setdefault(r.tensor, nbytes)
+    return tuple(sorted(out.items()))
 
 
 # stream outputs when the kernel's inputs and outputs take at least the whole last-level cache: below
@@ -195,6 +237,15 @@ def _body(em: ExprEmitter, vl: VectorLoop, tail: bool = False, rest: int = 0) ->
                 if at not in fetched:  # a prefetch never faults, past the end too
                     fetched.add(at)  # (an address, not a pointer past the array: integer arithmetic)
                     em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {PREFETCH_BYTES}));")
+            nexts = dict(vl.next_rows)
+            for r in reads(s.rhs) if nexts and not tail else ():
+                if r.tensor not in nexts or elem_step(em, r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)),
+                                                      row) != 1:
+                    continue
+                at = em._read(r, env, s)
+                if at not in fetched:  # the next row: past the last one too
+                    fetched.add(at)
+                    em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {nexts[r.tensor]}));")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             v = vector_type(s.rhs.dtype)
             value = vexpr(em, s.rhs, env, s, row)

@@ -1369,6 +1369,34 @@ def test_large_pointwise_loops_prefetch_the_inputs_they_alone_read(D: int, targe
     assert "__builtin_prefetch" not in tc.define(TANH_CHAIN).source(A, B, C)
 
 
+@pytest.mark.parametrize("D", [1024, 1000, 40])
+def test_row_loops_prefetch_the_next_row_an_earlier_loop_read(D: int, target: cputarget.CpuTarget,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Softmax's exponentials re-read the row of X its maximum read first, from the caches: where
+    that loop runs in explicit vectors (AVX-512's exp; AVX2's runs as the compiler's simd loop), it
+    fetches the same elements of the next row (4 * D bytes ahead) while it computes, and the pass
+    prints it; rows shorter than NEXT_ROW_LINES lines (D = 40) fetch nothing. The values are the
+    bits of the kernel without the prefetches, and numpy's within a sum's rounding."""
+    X = np.random.default_rng(D).standard_normal((64, D)).astype(np.float32)
+    k = tc.define(SOFTMAX)
+    body = _kernel_text(k.source(X))
+    text = str(k.lowered(X).passes[-1][1])
+    exps = re.search(r"// parallel simd hoist h0=call0.read1(.*)\n\s*S2\(", text)
+    assert exps is not None, text
+    fetch = f"__builtin_prefetch((const void *)((uintptr_t)&t0[(x0) * {D}L + (x1)] + {4 * D}));"
+    if 4 * D >= vecloop.NEXT_ROW_LINES * 64 and "lanes" in exps.group(1):
+        assert body.count(fetch) == 1 and "prefetching X's next c" in text and f"({4 * D} bytes ahead)" in text, body
+    else:
+        assert "__builtin_prefetch" not in body and "next" not in text, body
+    got = k(X)
+    monkeypatch.setattr(vecloop, "NEXT_ROW_LINES", 1 << 40)  # the knob that turns them off
+    plain = tc.define(SOFTMAX)
+    assert "__builtin_prefetch" not in _kernel_text(plain.source(X))
+    np.testing.assert_array_equal(got, plain(X))
+    e = np.exp(X.astype(np.float64) - X.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=8 * D * np.finfo(np.float32).eps)
+
+
 PRODUCT_CHAIN = "def prod(float(M,K) A, float(K,N) B) -> (C) { C(m,n) *=! A(m,r_k) + B(r_k,n) }"
 
 
