@@ -36,6 +36,7 @@ import numpy as np
 
 from tcdsl.core.affine import Sym
 from tcdsl.core.checked import Binop, Read, Statement, TExpr, operands, reads
+from tcdsl.polyhedral.cputarget import LINE
 from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .cexpr import ExprEmitter
@@ -134,15 +135,19 @@ def _next_rows(em: Facts, calls: list[tuple[LCall, Statement, str]], rows: tuple
         if len(moving) != 1 or not plus_var(args[moving[0]], outer.var):
             continue
         for r in reads(s.rhs):
-            subs = tuple(x for x in r.subs if isinstance(x, Sym))
-            if r.tensor not in inputs or r.tensor not in before or len(subs) != len(r.subs) or \
-                    elem_step(em, r.tensor, subs, row) != 1:
+            if r.tensor not in inputs or r.tensor not in before or not _row_read(em, r, row):
                 continue
-            step = elem_step(em, r.tensor, subs, moving[0])
+            step = elem_step(em, r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)), moving[0])
             nbytes = (step or 0) * outer.step * np.dtype(em.tensors[r.tensor].dtype).itemsize
-            if nbytes >= NEXT_ROW_LINES * 64:
+            if nbytes >= NEXT_ROW_LINES * LINE:
                 out.setdefault(r.tensor, nbytes)
     return tuple(sorted(out.items()))
+
+
+def _row_read(em: Facts, r: Read, row: str) -> bool:
+    """Whether ``r`` reads along ``row`` one element apart, every subscript affine."""
+    subs = tuple(x for x in r.subs if isinstance(x, Sym))
+    return len(subs) == len(r.subs) and elem_step(em, r.tensor, subs, row) == 1
 
 
 # stream outputs when the kernel's inputs and outputs take at least the whole last-level cache: below
@@ -232,20 +237,15 @@ def _body(em: ExprEmitter, vl: VectorLoop, tail: bool = False, rest: int = 0) ->
             for k, (name, arg) in enumerate(zip(st.indices, call.args)):
                 em.w.line(f"const long x{k} = {unparen(em._lexpr(arg))};")
                 env[name] = f"x{k}"
-            for r in _along(em, s, row) if vl.prefetch and not tail else ():
+            nexts = dict(vl.next_rows)
+            ahead = [(r, PREFETCH_BYTES) for r in (_along(em, s, row) if vl.prefetch and not tail else ())]
+            ahead += [(r, nexts[r.tensor]) for r in (reads(s.rhs) if nexts and not tail else ())
+                      if r.tensor in nexts and _row_read(em, r, row)]  # the next row's elements
+            for r, nbytes in ahead:
                 at = em._read(r, env, s)
                 if at not in fetched:  # a prefetch never faults, past the end too
                     fetched.add(at)  # (an address, not a pointer past the array: integer arithmetic)
-                    em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {PREFETCH_BYTES}));")
-            nexts = dict(vl.next_rows)
-            for r in reads(s.rhs) if nexts and not tail else ():
-                if r.tensor not in nexts or elem_step(em, r.tensor, tuple(x for x in r.subs if isinstance(x, Sym)),
-                                                      row) != 1:
-                    continue
-                at = em._read(r, env, s)
-                if at not in fetched:  # the next row: past the last one too
-                    fetched.add(at)
-                    em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {nexts[r.tensor]}));")
+                    em.w.line(f"__builtin_prefetch((const void *)((uintptr_t)&{at} + {nbytes}));")
             target = em._access(s.tensor, tuple(Sym.var(i, "index") for i in s.lhs), env)
             v = vector_type(s.rhs.dtype)
             value = vexpr(em, s.rhs, env, s, row)
