@@ -41,7 +41,7 @@ from tcdsl.polyhedral.scop import Scop
 from . import mathlib, memshare, transpose, vecexpr, vecisa, vecloop
 from .cexpr import CTYPE, ErrorSite
 from .cpack import PackEmitter
-from .cprelude import NO_COMMONING, PRELUDE, simd_letter, vector_exp, vector_math_decls
+from .cprelude import NO_COMMONING, PRELUDE, mvexp_decl, simd_letter, vector_exp, vector_math_decls
 from .ctile import TileEmitter
 from .writer import unparen as _top
 
@@ -128,7 +128,8 @@ class _Emitter(TileEmitter, PackEmitter):
         if self.mathlib:
             w.insert(library, mathlib.source(self.mathlib))
         if self.vector_code:
-            w.insert(vector_prelude, vecisa.prelude(self.target))
+            mvexp = mvexp_decl(self.target) if "tc_vf_mvexp(" in w.text() else ""
+            w.insert(vector_prelude, vecisa.prelude(self.target) + mvexp)
         sizes: dict[str, int] = {}
         for name, owner in owners.items():
             sizes[owner] = max(sizes.get(owner, 0), memshare.elements(self.shapes[name]))

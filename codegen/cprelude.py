@@ -135,6 +135,13 @@ __attribute__((visibility("hidden"))) tc_vf _ZGV{letter}N{lanes}v_tc_expf(tc_vf 
 """
 
 
+def mvexp_decl(target: CpuTarget) -> str:
+    """``tc_vf_mvexp``: libmvec's vector expf, which explicit vector loops call by name where it is
+    the faster (codegen.vecexpr.libmvec_exp); the vector-function ABI names it by ISA and lanes."""
+    name = f"_ZGV{simd_letter(target)}N{target.lanes('float32')}v_expf"
+    return f"#if TC_VEC_ISA\ntc_vf {name}(tc_vf);  /* libmvec */\n#define tc_vf_mvexp {name}\n#endif\n"
+
+
 # glibc's libmvec has SIMD versions of these (glibc >= 2.35): declaring them lets `omp simd` loops
 # call the vector variants (`_ZGV..._expf`) instead of one scalar call per lane
 VECTOR_MATH = ("exp", "log", "log1p", "expm1", "tanh", "erf", "sin", "cos", "tan", "exp2", "log2", "log10",

@@ -22,6 +22,7 @@ from tcdsl.core.checked import (
     TExpr,
     Unop,
     convert,
+    operands,
     read_tuple,
 )
 from tcdsl.polyhedral.loopir import LExpr, LInt, LOp, LVar, expr_vars, sum_terms
@@ -46,11 +47,19 @@ COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")  # a pointwise loop's ?: select
 
 
 def libmvec_exp(em: Facts) -> bool:
-    """Whether ``exp`` loops keep their simd form and call libmvec's expf rather than the layer's:
-    on AVX2 and older, libmvec's is the faster (0.41 against 0.55 ns per element; SSE2 0.89 against
-    1.31; softmax 4096x1024 1.92 against 2.25 ms on 2 threads); on AVX-512 the layer's, with
-    vscalefps (0.22 against 0.31)."""
+    """Whether ``exp`` loops call libmvec's vector expf rather than the layer's: on AVX2 and older,
+    libmvec's is the faster (0.41 against 0.55 ns per element; SSE2 0.89 against 1.31; softmax
+    4096x1024 1.92 against 2.25 ms on 2 threads); on AVX-512 the layer's, with vscalefps (0.22
+    against 0.31). Such a loop keeps its simd form unless it prefetches (codegen.vecloop.plan):
+    written out, it calls libmvec's vector function by name (``tc_vf_mvexp``, MVEXP_DECL)."""
     return em.vector_math and em.target.isa != "avx512"
+
+
+def moving_exp(em: Facts, e: TExpr, s: Statement, row: str) -> bool:
+    """Whether ``e`` calls ``exp`` on values that move along ``row`` (a vector call, not a broadcast)."""
+    if isinstance(e, Call) and e.fn == "exp" and not uniform(em, e, s, row, True):
+        return True
+    return any(moving_exp(em, x, s, row) for x in operands(e))
 
 
 def half_expr(e: TExpr) -> bool:
@@ -74,7 +83,7 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     """``e`` is reads, constants, negation, ``+``, ``-``, ``*`` and float ``max``/``min`` of the
     statement's type (float32 or float64; int32 in a tile), and each read is contiguous along the
     row or does not move with it. In a pointwise loop (``loop``) also ``/``, float32 ``sigmoid``,
-    ``tanh``, ``log`` and ``exp`` where libmvec's is not the faster (LOOP_CALLS, libmvec_exp),
+    ``tanh``, ``log`` and ``exp`` (LOOP_CALLS; libmvec's exp where it is the faster, libmvec_exp),
     values hoisted out of the loop, contracted scalars and row buffers; a register tile reads neither its
     own target nor a buffer it does not index in memory. With ``gather``, reads along the row may
     be any constant number of elements apart (within 32-bit offsets)."""
@@ -91,7 +100,7 @@ def vector_expr(em: Facts, e: TExpr, s: Statement, row: str, loop: bool = False,
     if isinstance(e, Call) and e.fn in ("max", "min"):  # the layer's, with tc_max/tc_min's bits
         return e.dtype in VECTOR_DTYPES and all(vector_expr(em, a, s, row, loop, gather) for a in e.args)
     if isinstance(e, Call) and loop and e.fn in LOOP_CALLS and e.dtype == "float32" and \
-            not (e.fn == "exp" and libmvec_exp(em)) and vector_expr(em, e.args[0], s, row, loop):
+            vector_expr(em, e.args[0], s, row, loop):
         return True
     if isinstance(e, Select) and loop and isinstance(e.cond, Binop) and e.cond.op in COMPARISONS and \
             all(vector_expr(em, x, s, row, loop) for x in (e.cond.lhs, e.cond.rhs, e.then, e.other)):
@@ -222,6 +231,8 @@ def vexpr(em: ExprEmitter, e: TExpr, env: dict[str, str], s: Statement, row: str
         arg = vexpr(em, e.args[0], env, s, row, loads, lane)
         if e.fn == "sigmoid":  # as the scalar builtin: 1 / (1 + exp(-x))
             return f"(tc_vf_set1(1.0f) / (tc_vf_set1(1.0f) + tc_vf_exp(-{arg})))"
+        if e.fn == "exp" and libmvec_exp(em):  # the simd loop's function, by name: the same bits
+            return f"tc_vf_mvexp({arg})"
         return f"tc_vf_{e.fn}({arg})"
     assert isinstance(e, Read)
     if e.conditional:  # vector_expr's _in_range: the unconditional read's element, unchecked

@@ -14,7 +14,8 @@ expf). ``tanh`` and ``log`` are codegen.vecisa's (within 2 and 1 ulp, where libm
 are within 4), so they may differ from the scalar loop's in the last bits; they are used where
 libmvec has vector variants too, as fast or faster in these loops and never falling back to
 scalar calls on special lanes (codegen.vecexpr.LOOP_CALLS). A loop with ``exp`` keeps its simd
-form where libmvec's expf is the faster (codegen.vecexpr.libmvec_exp: AVX2 and older).
+form where libmvec's expf is the faster (codegen.vecexpr.libmvec_exp: AVX2 and older), unless it
+prefetches: then it calls libmvec's vector expf by name (the same function, so the same bits).
 
 In a kernel that outgrows the caches, outputs written once bypass them (``streamed``) and the
 inputs a loop alone reads are prefetched ahead of its vectors (``_along``).
@@ -40,8 +41,19 @@ from tcdsl.polyhedral.cputarget import LINE
 from tcdsl.polyhedral.loopir import LAccum, LCall, LExpr, LFor, LInt, LOp, LVar, expr_vars, trip_count
 
 from .cexpr import ExprEmitter
+from .cprelude import simd_letter
 from .facts import Facts
-from .vecexpr import REDUCTIONS, VECTOR_DTYPES, elem_step, plus_var, substitute, vector_expr, vexpr
+from .vecexpr import (
+    REDUCTIONS,
+    VECTOR_DTYPES,
+    elem_step,
+    libmvec_exp,
+    moving_exp,
+    plus_var,
+    substitute,
+    vector_expr,
+    vexpr,
+)
 from .vecisa import vector_type
 from .writer import unparen
 
@@ -108,6 +120,9 @@ def plan(em: Facts, n: LFor, rows: tuple[LFor, frozenset[str]] | None = None) ->
     large = PREFETCH_BYTES > 0 and _large(em)
     ahead = frozenset(r.tensor for _, s, row in calls for r in _along(em, s, row)) if large else frozenset()
     after = _next_rows(em, calls, rows) if rows is not None else ()
+    if libmvec_exp(em) and any(moving_exp(em, s.rhs, s, row) for _, s, row in calls) and \
+            not ((ahead or after) and simd_letter(em.target) is not None):
+        return None  # the simd form calls libmvec's exp as well, and there is nothing to prefetch
     return VectorLoop(n, tuple(calls), trips, lanes, overlap and not masked, stream, ahead, masked, after,
                       rows[0].var if after and rows is not None else "")
 

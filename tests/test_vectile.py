@@ -1372,11 +1372,12 @@ def test_large_pointwise_loops_prefetch_the_inputs_they_alone_read(D: int, targe
 @pytest.mark.parametrize("D", [1024, 1000, 40])
 def test_row_loops_prefetch_the_next_row_an_earlier_loop_read(D: int, target: cputarget.CpuTarget,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Softmax's exponentials re-read the row of X its maximum read first, from the caches: where
-    that loop runs in explicit vectors (AVX-512's exp; AVX2's runs as the compiler's simd loop), it
-    fetches the same elements of the next row (4 * D bytes ahead) while it computes, and the pass
-    prints it; rows shorter than NEXT_ROW_LINES lines (D = 40) fetch nothing. The values are the
-    bits of the kernel without the prefetches, and numpy's within a sum's rounding."""
+    """Softmax's exponentials re-read the row of X its maximum read first, from the caches: that
+    loop runs in explicit vectors and fetches the same elements of the next row (4 * D bytes ahead)
+    while it computes, and the pass prints it; rows shorter than NEXT_ROW_LINES lines (D = 40)
+    fetch nothing. Where libmvec's exp is the faster (AVX2 with glibc's libmvec), the loop calls it
+    by name, and without prefetches keeps its simd form, which calls the same function. The values
+    are the bits of the kernel without the prefetches, and numpy's within a sum's rounding."""
     X = np.random.default_rng(D).standard_normal((64, D)).astype(np.float32)
     k = tc.define(SOFTMAX)
     body = _kernel_text(k.source(X))
@@ -1384,10 +1385,13 @@ def test_row_loops_prefetch_the_next_row_an_earlier_loop_read(D: int, target: cp
     exps = re.search(r"// parallel simd hoist h0=call0.read1(.*)\n\s*S2\(", text)
     assert exps is not None, text
     fetch = f"__builtin_prefetch((const void *)((uintptr_t)&t0[(x0) * {D}L + (x1)] + {4 * D}));"
-    if 4 * D >= vecloop.NEXT_ROW_LINES * 64 and "lanes" in exps.group(1):
+    mvec = target.isa != "avx512" and toolchain.has_vector_math()
+    if 4 * D >= vecloop.NEXT_ROW_LINES * 64:
         assert body.count(fetch) == 1 and "prefetching X's next c" in text and f"({4 * D} bytes ahead)" in text, body
+        assert "lanes" in exps.group(1) and ("tc_vf_mvexp(" in body) == mvec, text
     else:
         assert "__builtin_prefetch" not in body and "next" not in text, body
+        assert ("lanes" in exps.group(1)) != mvec and "tc_vf_mvexp(" not in body, text
     got = k(X)
     monkeypatch.setattr(vecloop, "NEXT_ROW_LINES", 1 << 40)  # the knob that turns them off
     plain = tc.define(SOFTMAX)
