@@ -97,6 +97,9 @@ def emit(em: ExprEmitter, vt: VectorTile, identity_start: bool, shift: LExpr | N
         for key in tiles:
             value = vtype(key) + identity if identity_start else load(key)
             w.line(f"{vtype(key)} {acc[key]} = {value};")
+    if vt.fetch_target:  # the address of each vector's first lane (integers: no pointer is formed past the end)
+        firsts = ", ".join(f"(uintptr_t)&{target(*key)}" for key in tiles)
+        w.line(f"const uintptr_t tc_ft[{len(tiles)}] = {{{firsts}}};")
     for k, loop in enumerate(rt.serial):
         if loop.var in vt.rolled:
             w.line("#pragma GCC unroll 1")
@@ -105,6 +108,8 @@ def emit(em: ExprEmitter, vt: VectorTile, identity_start: bool, shift: LExpr | N
         w.push()
         if k == 0 and vt.ahead is not None:
             _prefetch(em, vt, args, outer, vec, shift)
+        if k == 0 and vt.fetch_target:
+            _fetch_target(em, vt, loop, len(tiles))
     loads: dict[str, str] = {}
     updates = []
     for combo, start in tiles:
@@ -182,6 +187,18 @@ def _store_rows(w: LineWriter, vt: VectorTile, tiles: list[tuple[tuple[int, ...]
                 continue
             names = ", ".join(acc[key] for key in part)
             w.line(f"{v}_scatter_rows(&{target(*part[0])}, {vt.stride}, {len(part)}, ({v}[]){{{names}}});")
+
+
+def _fetch_target(em: ExprEmitter, vt: VectorTile, loop: LFor, vectors: int) -> None:
+    """At a step of the outermost serial loop, the next ``vt.fetch_target`` lines of the scattered
+    target, fetched for writing: lane ``j % lanes`` of vector ``j / lanes``, ``j`` counting on from
+    the lines earlier steps fetched (see vecplan._fetch_target)."""
+    step = f"(({loop.var} - {em._lexpr(loop.init)}) / {loop.step})"
+    q, lanes = vt.fetch_target, vt.lanes
+    nbytes = vt.stride * em._itemsize(vt.stmt.tensor)
+    em.w.line(f"for (long tc_j = {step} * {q}; tc_j < {step} * {q} + {q} && tc_j < {vectors * lanes}; tc_j++)")
+    lane = f"(uintptr_t)(tc_j % {lanes}) * {nbytes}"
+    em.w.line(f"  __builtin_prefetch((const void *)(tc_ft[tc_j / {lanes}] + {lane}), 1);")
 
 
 def _prefetch(em: ExprEmitter, vt: VectorTile, args: dict[str, LExpr], outer: tuple[LFor, ...], vec: LFor,

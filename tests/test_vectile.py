@@ -22,7 +22,7 @@ from test_vecisa import LOG_ULPS, TANH_ULPS
 from tolerance import abs_terms, assert_close, assert_sum_close
 
 import tcdsl as tc
-from tcdsl.codegen import cpack, lower, pack, toolchain, vecisa, vecloop
+from tcdsl.codegen import cpack, lower, pack, toolchain, vecisa, vecloop, vecplan
 from tcdsl.options import MappingOptions
 from tcdsl.polyhedral import cputarget, tileplan
 
@@ -271,6 +271,41 @@ def test_a_padded_convs_columns_take_the_channel_form_where_the_filters_fill_vec
     got = k(I, Wt)
     if target.fma:
         np.testing.assert_array_equal(got, k(I, Wt, options=MappingOptions(vectorize=False)))
+    padded = np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    assert_sum_close(got, _conv, padded, Wt, terms=C * 9)
+
+
+@pytest.mark.parametrize("filters", [16, 24])
+def test_scattered_tiles_from_the_identity_fetch_their_lines(filters: int, target: cputarget.CpuTarget,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A padded conv's boundary columns (tiles of filter vectors x rows, or of rows down the column,
+    each output element on a line of its own, scattered after the reduction) fetch the lines they
+    will write over the steps of their outermost reduction loop, ceil(elements / trips) lines a
+    step, every element once, and the pass prints it; the values are the bits of the kernel
+    without the fetches, and numpy's."""
+    N, C, H, W = 2, 8, 20, 20
+    k = tc.define(PADDED_CONV)
+    rng = np.random.default_rng(filters)
+    I = (rng.random((N, C, H, W)) * 2 - 1).astype(np.float32)
+    Wt = (rng.random((filters, C, 3, 3)) * 2 - 1).astype(np.float32)
+    passes = str(k.lowered(I, Wt).passes[-1][1])
+    body = _kernel_text(k.source(I, Wt))
+    lines = [line for line in passes.split("\n") if "register tile of S1" in line]
+    fetching = [line for line in lines if "fetching its lines" in line]
+    scattered = [line for line in lines if "gathered" in line and "stored in rows" not in line]
+    assert fetching == scattered and fetching, passes  # each scattered tile (all start from the identity)
+    for line in (x.split("; when ")[0] for x in fetching):  # ceil(elements / 8 channels, the outer loop's steps)
+        extents = [int(x) for x in re.findall(r"(\d+(?:x\d+)*) register tile", line)[0].split("x")]
+        vectors, lanes = map(int, re.findall(r"(\d+)x(\d+) lanes per row along", line)[0])
+        per = int(re.findall(r"fetching its lines (\d+) per c", line)[0])
+        assert per == -(-math.prod(extents[:-1]) * vectors * lanes // C), line
+    # a tile's rests (24 filters: 16 + 8 lanes) are tiles of their own, each fetching
+    assert body.count("__builtin_prefetch((const void *)(tc_ft[tc_j / ") == passes.count("fetching its lines"), body
+    got = k(I, Wt)
+    monkeypatch.setattr(vecplan, "_fetch_target", lambda *a: 0)
+    plain = tc.define(PADDED_CONV)
+    assert "tc_ft" not in _kernel_text(plain.source(I, Wt))
+    np.testing.assert_array_equal(got, plain(I, Wt))
     padded = np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1)))
     assert_sum_close(got, _conv, padded, Wt, terms=C * 9)
 
