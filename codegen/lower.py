@@ -294,6 +294,7 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
     def scan(body: tuple[LNode, ...], outer: frozenset[str], loops: tuple[LFor, ...]) -> None:
         for n in body:
             if isinstance(n, LFor):
+                around[id(n)] = loops
                 # the parallel pass may collapse an `omp parallel for` loop with the loop inside it
                 inner = {n.body[0].var} if len(n.body) == 1 and isinstance(n.body[0], LFor) else set()
                 scan(n.body, outer | {n.var} | inner if n.omp else outer, (*loops, n))
@@ -334,7 +335,7 @@ def vectorise(ir: LoopIR, f: Facts) -> LoopIR:
                 return jammed
         if isinstance(n, LFor) and n.simd:
             f.hoisted = hoisted_reads(n, f)
-            vl = vecloop.plan(f, n, rows.get(id(n)))
+            vl = vecloop.plan(f, n, rows.get(id(n)), around.get(id(n), ()))
             f.hoisted = {}
             return replace(n, vector=vl, vector_text=str(vl)) if vl is not None else None
         return None

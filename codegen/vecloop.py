@@ -81,9 +81,11 @@ class VectorLoop:
                 + "".join(f", prefetching {t}'s next {self.row_loop} row ({b} bytes ahead)" for t, b in self.next_rows))
 
 
-def plan(em: Facts, n: LFor, rows: tuple[LFor, frozenset[str]] | None = None) -> VectorLoop | None:
+def plan(em: Facts, n: LFor, rows: tuple[LFor, frozenset[str]] | None = None,
+         loops: tuple[LFor, ...] = ()) -> VectorLoop | None:
     """The vector form of the simd loop ``n``, or None where it has none; ``rows``: the `omp` loop
-    whose body holds ``n`` and the tensors the nests before ``n`` in that body read (``_next_rows``)."""
+    whose body holds ``n`` and the tensors the nests before ``n`` in that body read (``_next_rows``);
+    ``loops``: the loops around ``n``, outermost first (``_whole_lines``)."""
     if not (em.VECTOR_TILES and em.vectorize and n.simd and not n.omp and n.step == 1 and isinstance(n.init, LInt)):
         return None
     trips = trip_count(n)
@@ -117,7 +119,7 @@ def plan(em: Facts, n: LFor, rows: tuple[LFor, frozenset[str]] | None = None) ->
     # rerunning lanes would read what the first run wrote: the last elements in a masked vector
     masked = overlap and any(r.tensor in written for _, s, _ in calls for r in reads(s.rhs))
     stream = frozenset(s.tensor for call, s, row in calls
-                       if streamed(em, s.tensor) and _whole_lines(em, call, s, row, n))
+                       if streamed(em, s.tensor) and _whole_lines(em, call, s, row, n, loops))
     large = PREFETCH_BYTES > 0 and _large(em)
     ahead = frozenset(r.tensor for _, s, row in calls for r in _along(em, s, row)) if large else frozenset()
     after = _next_rows(em, calls, rows) if rows is not None else ()
@@ -199,20 +201,38 @@ def _along(em: Facts, s: Statement, row: str) -> list[Read]:
     return out
 
 
-def _whole_lines(em: Facts, call: LCall, s: Statement, row: str, n: LFor) -> bool:
+def _whole_lines(em: Facts, call: LCall, s: Statement, row: str, n: LFor, loops: tuple[LFor, ...]) -> bool:
     """Whether the loop's stores of ``s`` fill whole cache lines, each line by whole vectors of
-    one iteration: the row starts on a line (its index's first value, and every other index's stride,
-    in whole lines of elements, given a line-aligned array) and runs whole lines. A streamed store
-    that covers part of a line writes that part to memory alone, and a plain store to a line a
-    streamed one began waits for it (softmax 4096x1000, rows of 4000 bytes, AVX-512 on 2 threads,
-    interleaved: 1.66 ms stored plainly, 1.89 ms streamed; 4096x1024 1.78 and 1.44 ms)."""
+    one iteration: the row starts on a line (its index's first value a whole number of lines of
+    elements for every value of the loops around, ``loops``; every other index's stride too, given
+    a line-aligned array) and runs whole lines. A streamed store that covers part of a line writes
+    that part to memory alone, and a plain store to a line a streamed one began waits for it
+    (softmax 4096x1000, rows of 4000 bytes, AVX-512 on 2 threads, interleaved: 1.66 ms stored
+    plainly, 1.89 ms streamed; 4096x1024 1.78 and 1.44 ms)."""
     per_line = LINE // np.dtype(em.tensors[s.tensor].dtype).itemsize
     args = dict(zip(em.scop.stmt(call.stmt).indices, call.args))
-    start = substitute(args[row], {n.var: n.init.value}) if isinstance(n.init, LInt) else None
     trips = trip_count(n)
-    if not isinstance(start, LInt) or start.value % per_line or trips is None or trips % per_line:
+    if not isinstance(n.init, LInt) or trips is None or trips % per_line:
+        return False
+    start = substitute(args[row], {n.var: n.init.value})
+    if not _multiple(start, per_line, {g.var: g for g in loops}):
         return False
     return all(stride % per_line == 0 for i, stride in zip(s.lhs, em.strides[s.tensor]) if i != row)
+
+
+def _multiple(e: LExpr, k: int, loops: dict[str, LFor]) -> bool:
+    """Whether ``e`` is a multiple of ``k`` for every value of the loops in it (``loops``: each
+    loop's first value and step multiples of ``k``), as far as its form shows."""
+    if isinstance(e, LInt):
+        return e.value % k == 0
+    if isinstance(e, LVar):
+        g = loops.get(e.name)
+        return g is not None and g.step % k == 0 and _multiple(g.init, k, loops)
+    if isinstance(e, LOp) and e.op == "+":
+        return all(_multiple(a, k, loops) for a in e.args)
+    if isinstance(e, LOp) and e.op == "*":
+        return any(_multiple(a, k, loops) for a in e.args)
+    return False
 
 
 def streamed(em: Facts, tensor: str) -> bool:

@@ -1377,6 +1377,26 @@ def test_large_write_once_outputs_stream(D: int, target: cputarget.CpuTarget, mo
     assert "tc_vf_stream(&" not in tc.define(SOFTMAX_THEN_READ).source(X).split("int tc_kernel")[1]
 
 
+ELEMENTWISE = "def ew(float(N) A, float(N) B) -> (O) { O(i) = A(i) * B(i) + 1.0 }"
+
+
+def test_a_large_elementwise_output_streams_from_each_tile_of_its_loop(target: cputarget.CpuTarget,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-dimensional output written once, in a kernel outgrowing the last-level cache (here:
+    any size, STREAM_SHARE raised), streams from every tile of its tiled loop: each tile's row
+    starts at the parallel loop's variable, a whole number of cache lines of elements for each of
+    its values. The values are the plain stores' bits."""
+    rng = np.random.default_rng(3)
+    A, B = (rng.standard_normal(1 << 16).astype(np.float32) for _ in range(2))
+    want = tc.define(ELEMENTWISE)(A, B)
+    monkeypatch.setattr(vecloop, "STREAM_SHARE", 1 << 40)
+    k = tc.define(ELEMENTWISE)
+    body = _kernel_text(k.source(A, B))
+    assert "tc_vf_stream(&t2[" in body, body
+    assert ", streaming O" in str(k.lowered(A, B).passes[-1][1])
+    np.testing.assert_array_equal(k(A, B), want)
+
+
 TANH_CHAIN = """def chain(float(N,D) A, float(N,D) B, float(D) C) -> (Y, Z) {
     Y(n,d) = tanh(A(n,d) * B(n,d) + C(d))
     Z(n,d) = exp(-B(n,d))
