@@ -51,7 +51,7 @@ def libmvec_exp(em: Facts) -> bool:
     libmvec's is the faster (0.41 against 0.55 ns per element; SSE2 0.89 against 1.31; softmax
     4096x1024 1.92 against 2.25 ms on 2 threads); on AVX-512 the layer's, with vscalefps (0.22
     against 0.31). Such a loop keeps its simd form unless it prefetches (codegen.vecloop.plan):
-    written out, it calls libmvec's vector function by name (``tc_vf_mvexp``, MVEXP_DECL)."""
+    written out, it calls libmvec's vector function by name (``tc_vf_mvexp``, codegen.cprelude.mvexp_decl)."""
     return em.vector_math and em.target.isa != "avx512"
 
 

@@ -214,7 +214,7 @@ def _fetch_target(em: Facts, rt: LTile, s: Statement, stride: int, elements: int
     loop, or 0. A tile that starts from the identity reads none of its target, and its scatter
     after the serial loops then waits for every line it writes: the boundary columns of a padded
     conv (8x64x56x56, 3x3, AVX-512, 2 threads: the column w = 0 alone 1.08 -> 0.77 ms with its
-    lines fetched over its 64 channels; the whole conv 8.98 -> 8.38 ms)."""
+    lines fetched over its 64 channels; the whole conv 8.87-8.98 -> 8.34-8.38 ms in two runs)."""
     itemsize = np.dtype(em.tensors[s.tensor].dtype).itemsize
     if stride == 1 or stride * itemsize < LINE or not rt.identity or rt.first is not None or not rt.serial:
         return 0
